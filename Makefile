@@ -1,0 +1,41 @@
+# Set-up and everyday commands. Every target creates .venv on first use and is quick afterwards.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# On a CUDA host: make TORCH_INDEX=https://download.pytorch.org/whl/cu126 test
+TORCH_INDEX ?=
+HOST ?= 127.0.0.1
+REPO ?= model_repository
+PYTEST_ARGS ?=
+
+.PHONY: venv serve test test-slow test-gpu lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) torch==2.13.0,)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[test]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/tidepool serve --model-repository $(REPO) --host $(HOST)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-gpu: $(STAMP)
+	bash benchmarks/gpu_check.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info reports
