@@ -1,0 +1,1 @@
+"""Everything that runs where tritonserver runs: the `tidepool` backend and its launcher."""

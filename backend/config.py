@@ -1,0 +1,142 @@
+"""The model's config as the backend sees it: typed tensor specs and parameters, parsed once from
+the JSON that Triton hands to `initialize`, with clear errors for parameters that make no sense."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Triton data types that a torch model can take or give, and their numpy equivalents.
+TRITON_TO_NUMPY: dict[str, np.dtype] = {
+    "TYPE_BOOL": np.dtype(np.bool_),
+    "TYPE_UINT8": np.dtype(np.uint8),
+    "TYPE_INT8": np.dtype(np.int8),
+    "TYPE_INT16": np.dtype(np.int16),
+    "TYPE_INT32": np.dtype(np.int32),
+    "TYPE_INT64": np.dtype(np.int64),
+    "TYPE_FP16": np.dtype(np.float16),
+    "TYPE_FP32": np.dtype(np.float32),
+    "TYPE_FP64": np.dtype(np.float64),
+}
+
+# The wire names (KServe v2 protocol) of the same types, used by clients and error messages.
+TRITON_TO_WIRE: dict[str, str] = {k: k.removeprefix("TYPE_") for k in TRITON_TO_NUMPY}
+
+
+class ConfigError(ValueError):
+    """The model's config.pbtxt asks for something the backend cannot do."""
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """Inclusive bounds a tensor's values must stay within (declared by a config parameter)."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> ValueRange:
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            low, high = (float(p) for p in parts)
+        except ValueError:
+            raise ConfigError(f"{where}: expected 'LOW,HIGH' (inclusive), got {text!r}") from None
+        if low > high:
+            raise ConfigError(f"{where}: LOW {low} is above HIGH {high}")
+        return cls(low, high)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as declared in the config, without the batch dimension."""
+
+    name: str
+    triton_type: str
+    dims: tuple[int, ...]
+    value_range: ValueRange | None = None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return TRITON_TO_NUMPY[self.triton_type]
+
+    @property
+    def wire_type(self) -> str:
+        return TRITON_TO_WIRE[self.triton_type]
+
+    def dims_text(self) -> str:
+        return "[" + ", ".join(str(d) for d in self.dims) + "]"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the backend needs from config.pbtxt: I/O, the batch limit and the string parameters."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 0
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def param(self, key: str, default: str | None = None) -> str | None:
+        return self.parameters.get(key, default)
+
+    def int_param(self, key: str, default: int, minimum: int = 0) -> int:
+        text = self.parameters.get(key)
+        if text is None or text == "":
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"parameter {key}: expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise ConfigError(f"parameter {key}: must be at least {minimum}, got {value}")
+        return value
+
+
+def _tensor_specs(entries: list[dict[str, Any]], parameters: dict[str, str], kind: str):
+    specs = []
+    for entry in entries:
+        name = entry["name"]
+        triton_type = entry.get("data_type", "")
+        if triton_type not in TRITON_TO_NUMPY:
+            supported = ", ".join(sorted(TRITON_TO_NUMPY))
+            raise ConfigError(f"{kind} {name}: data_type {triton_type} is not supported ({supported})")
+        dims = tuple(int(d) for d in entry.get("dims", []))
+        range_key = f"range.{name}"
+        value_range = (
+            ValueRange.parse(parameters[range_key], f"parameter {range_key}")
+            if range_key in parameters
+            else None
+        )
+        specs.append(TensorSpec(name, triton_type, dims, value_range))
+    return tuple(specs)
+
+
+def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
+    """Build a ModelSpec from Triton's JSON model config (a dict, or the JSON text itself)."""
+    if isinstance(config, str):
+        config = json.loads(config)
+    parameters = {
+        key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()
+    }
+    inputs = _tensor_specs(config.get("input", []), parameters, "input")
+    outputs = _tensor_specs(config.get("output", []), parameters, "output")
+    if not inputs or not outputs:
+        raise ConfigError("the model config must declare at least one input and one output")
+    return ModelSpec(
+        name=config.get("name", ""),
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+    )

@@ -1,0 +1,1 @@
+"""Everything that runs where requests come from: Triton clients, sweeps, reports."""

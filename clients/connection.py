@@ -1,0 +1,79 @@
+"""One small interface over tritonclient's HTTP and gRPC clients: read a model's config, send
+numpy inputs, get numpy outputs. Errors come back as tritonclient's InferenceServerException."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from backend.config import ModelSpec, parse_model_config
+
+DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+
+
+@dataclass
+class Connection:
+    """A client for one server over one protocol."""
+
+    protocol: str
+    url: str
+    client: Any
+
+    @classmethod
+    def open(cls, protocol: str = "http", url: str | None = None, concurrency: int = 1) -> Connection:
+        if protocol not in DEFAULT_URLS:
+            raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
+        url = url or DEFAULT_URLS[protocol]
+        if protocol == "http":
+            client = httpclient.InferenceServerClient(url, concurrency=concurrency)
+        else:
+            client = grpcclient.InferenceServerClient(url)
+        return cls(protocol, url, client)
+
+    @property
+    def module(self):
+        return httpclient if self.protocol == "http" else grpcclient
+
+    def model_spec(self, model: str) -> ModelSpec:
+        if self.protocol == "http":
+            config = self.client.get_model_config(model)
+        else:
+            config = self.client.get_model_config(model, as_json=True)["config"]
+        return parse_model_config(config)
+
+    def infer(self, model: str, inputs: dict[str, np.ndarray], spec: ModelSpec,
+              timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        wire_inputs = []
+        for tensor in spec.inputs:
+            array = inputs[tensor.name]
+            wire = self.module.InferInput(tensor.name, list(array.shape), tensor.wire_type)
+            wire.set_data_from_numpy(array)
+            wire_inputs.append(wire)
+        outputs = [self.module.InferRequestedOutput(o.name) for o in spec.outputs]
+        kwargs = {}
+        if timeout_s is not None:
+            key = "timeout" if self.protocol == "http" else "client_timeout"
+            kwargs[key] = timeout_s if self.protocol == "grpc" else int(timeout_s * 1e6)
+        result = self.client.infer(model, wire_inputs, outputs=outputs, **kwargs)
+        return {o.name: result.as_numpy(o.name) for o in spec.outputs}
+
+    def is_ready(self) -> bool:
+        return bool(self.client.is_server_ready())
+
+    def statistics(self, model: str) -> dict[str, Any]:
+        if self.protocol == "http":
+            return self.client.get_inference_statistics(model)
+        return self.client.get_inference_statistics(model, as_json=True)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,36 @@
+"""Valid random inputs for any model, built from its config: dtype, shape, and the value range
+the config declares (`range.NAME` parameters)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backend.config import ModelSpec, TensorSpec
+
+
+def random_tensor(spec: TensorSpec, batch: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`batch` rows of valid values (no batch dimension when `batch` is None); -1 dims become 1."""
+    shape = tuple(1 if d == -1 else d for d in spec.dims)
+    if batch is not None:
+        shape = (batch, *shape)
+    dtype = spec.dtype
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = info.min, info.max
+        if spec.value_range is not None:
+            low, high = int(spec.value_range.low), int(spec.value_range.high)
+        else:
+            low, high = max(low, -100), min(high, 100)
+        return rng.integers(low, high, size=shape, endpoint=True, dtype=dtype)
+    values = rng.standard_normal(size=shape)
+    if spec.value_range is not None:
+        values = rng.uniform(spec.value_range.low, spec.value_range.high, size=shape)
+    return values.astype(dtype)
+
+
+def random_inputs(model: ModelSpec, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    rows = batch if model.batched else None
+    return {spec.name: random_tensor(spec, rows, rng) for spec in model.inputs}
