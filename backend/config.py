@@ -126,9 +126,7 @@ def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
     """Build a ModelSpec from Triton's JSON model config (a dict, or the JSON text itself)."""
     if isinstance(config, str):
         config = json.loads(config)
-    parameters = {
-        key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()
-    }
+    parameters = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
     inputs = _tensor_specs(config.get("input", []), parameters, "input")
     outputs = _tensor_specs(config.get("output", []), parameters, "output")
     if not inputs or not outputs:

@@ -68,9 +68,7 @@ class ModelInstance:
         batch_sizes: list[int] = []
         for index, inputs in enumerate(requests):
             try:
-                batch_sizes.append(
-                    validate_request(inputs, self.model, self.settings.allow_nonfinite)
-                )
+                batch_sizes.append(validate_request(inputs, self.model, self.settings.allow_nonfinite))
                 valid.append(index)
             except RequestError as error:
                 results[index] = error
@@ -123,8 +121,10 @@ class ModelInstance:
             return raw
         values = [raw] if isinstance(raw, torch.Tensor) else list(raw)
         if len(values) != len(names):
-            raise RuntimeError(f"the model returned {len(values)} outputs, the config declares "
-                               f"{len(names)} ({', '.join(names)})")
+            raise RuntimeError(
+                f"the model returned {len(values)} outputs, the config declares "
+                f"{len(names)} ({', '.join(names)})"
+            )
         return dict(zip(names, values, strict=True))
 
     def _checked(self, spec, array: np.ndarray, rows: int | None) -> np.ndarray:
@@ -133,7 +133,6 @@ class ModelInstance:
             want != -1 and got != want for got, want in zip(array.shape, expected, strict=True)
         ):
             raise RuntimeError(
-                f"output {spec.name} has shape {list(array.shape)}, the config declares "
-                f"{list(expected)}"
+                f"output {spec.name} has shape {list(array.shape)}, the config declares {list(expected)}"
             )
         return array

@@ -54,9 +54,7 @@ def _load_factory(model_dir: Path, factory: str, model_name: str) -> torch.nn.Mo
         raise ModelLoadError(f"{path} has no function {function_name!r}")
     model = build()
     if not isinstance(model, torch.nn.Module):
-        raise ModelLoadError(
-            f"{factory} returned {type(model).__name__}, expected a torch.nn.Module"
-        )
+        raise ModelLoadError(f"{factory} returned {type(model).__name__}, expected a torch.nn.Module")
     return model
 
 

@@ -221,8 +221,11 @@ class TritonServer:
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         c = self.config
         self.models = _models_in(c.model_repository)
-        for port, flag in ((c.http_port, "--http-port"), (c.grpc_port, "--grpc-port"),
-                           (c.metrics_port, "--metrics-port")):
+        for port, flag in (
+            (c.http_port, "--http-port"),
+            (c.grpc_port, "--grpc-port"),
+            (c.metrics_port, "--metrics-port"),
+        ):
             check_port_free(c.host, port, flag)
         binary = find_tritonserver(c.tritonserver)
         files = find_python_backend(binary)
@@ -270,8 +273,11 @@ class TritonServer:
             if self.process.poll() is not None:
                 if self._reader:
                     self._reader.join(timeout=5)
-                raise ServerError(self._failure_report(f"tritonserver exited with code "
-                                                       f"{self.process.returncode} while starting"))
+                raise ServerError(
+                    self._failure_report(
+                        f"tritonserver exited with code {self.process.returncode} while starting"
+                    )
+                )
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -282,8 +288,10 @@ class TritonServer:
         shown = errors[-15:] or list(self.log_tail)[-15:]
         hint = ""
         if any("failed to load" in line for line in shown):
-            hint = ("\nA model failed to load: fix its config.pbtxt or model file as the message "
-                    "says, or move it out of the repository.")
+            hint = (
+                "\nA model failed to load: fix its config.pbtxt or model file as the message "
+                "says, or move it out of the repository."
+            )
         return headline + ":\n  " + "\n  ".join(shown) + hint
 
     def model_states(self) -> dict[str, str]:
@@ -341,8 +349,9 @@ def serve(config: ServerConfig) -> int:
     while not stopping.is_set() and server.process.poll() is None:
         stopping.wait(0.5)
     if server.process.poll() is not None:
-        print(f"tidepool: tritonserver exited on its own with code {server.process.returncode}",
-              file=sys.stderr)
+        print(
+            f"tidepool: tritonserver exited on its own with code {server.process.returncode}", file=sys.stderr
+        )
         server.stop()
         return server.process.returncode or 1
     print("tidepool: stopping tritonserver ...", flush=True)

@@ -41,8 +41,7 @@ def _check_values(spec: TensorSpec, array: np.ndarray, allow_nonfinite: bool) ->
             bad = array[~finite].flat[0]
             count = int(array.size - np.count_nonzero(finite))
             raise RequestError(
-                f"input {spec.name}: {count} value(s) are not finite (first: {bad}); "
-                "NaN and Inf are rejected"
+                f"input {spec.name}: {count} value(s) are not finite (first: {bad}); NaN and Inf are rejected"
             )
     if spec.value_range is not None:
         low, high = array.min(), array.max()
@@ -54,9 +53,7 @@ def _check_values(spec: TensorSpec, array: np.ndarray, allow_nonfinite: bool) ->
             )
 
 
-def validate_request(
-    inputs: dict[str, np.ndarray], model: ModelSpec, allow_nonfinite: bool = False
-) -> int:
+def validate_request(inputs: dict[str, np.ndarray], model: ModelSpec, allow_nonfinite: bool = False) -> int:
     """Raise RequestError if `inputs` does not fit `model`; return the request's batch size."""
     declared = {spec.name for spec in model.inputs}
     unknown = sorted(set(inputs) - declared)
@@ -91,8 +88,7 @@ def validate_request(
                 batch_size = rows
             elif rows != batch_size:
                 raise RequestError(
-                    f"input {spec.name}: batch size {rows} differs from "
-                    f"{model.inputs[0].name}'s {batch_size}"
+                    f"input {spec.name}: batch size {rows} differs from {model.inputs[0].name}'s {batch_size}"
                 )
         _check_dims(spec, array.shape, model.batched)
         _check_values(spec, array, allow_nonfinite)

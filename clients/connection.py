@@ -45,8 +45,9 @@ class Connection:
             config = self.client.get_model_config(model, as_json=True)["config"]
         return parse_model_config(config)
 
-    def infer(self, model: str, inputs: dict[str, np.ndarray], spec: ModelSpec,
-              timeout_s: float | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, model: str, inputs: dict[str, np.ndarray], spec: ModelSpec, timeout_s: float | None = None
+    ) -> dict[str, np.ndarray]:
         wire_inputs = []
         for tensor in spec.inputs:
             array = inputs[tensor.name]

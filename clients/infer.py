@@ -23,12 +23,15 @@ class InferResult:
         lines = [f"{self.model} via {self.protocol}://{self.url}: {self.latency_ms:.2f} ms"]
         for name, array in self.outputs.items():
             checksum = float(np.abs(np.asarray(array, dtype=np.float64)).sum())
-            lines.append(f"  {name}: shape {list(array.shape)} {array.dtype} checksum (sum |x|) {checksum:.6f}")
+            lines.append(
+                f"  {name}: shape {list(array.shape)} {array.dtype} checksum (sum |x|) {checksum:.6f}"
+            )
         return "\n".join(lines)
 
 
-def infer_once(model: str, protocol: str = "http", url: str | None = None,
-               seed: int = 0, batch: int = 1) -> InferResult:
+def infer_once(
+    model: str, protocol: str = "http", url: str | None = None, seed: int = 0, batch: int = 1
+) -> InferResult:
     with Connection.open(protocol, url) as connection:
         spec = connection.model_spec(model)
         inputs = random_inputs(spec, batch=batch, seed=seed)

@@ -40,27 +40,42 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="start tritonserver on a model repository")
-    serve.add_argument("--model-repository", default="model_repository", metavar="DIR",
-                       help="models to serve (default: %(default)s)")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on for HTTP, gRPC and metrics (default: "
-                            "%(default)s, loopback only; 0.0.0.0 listens on every interface)")
+    serve.add_argument(
+        "--model-repository",
+        default="model_repository",
+        metavar="DIR",
+        help="models to serve (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on for HTTP, gRPC and metrics (default: "
+        "%(default)s, loopback only; 0.0.0.0 listens on every interface)",
+    )
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--tritonserver", metavar="PATH",
-                       help="tritonserver binary (default: $TRITONSERVER, PATH, then the "
-                            "nvidia-pytriton wheel)")
-    serve.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,K=V",
-                       help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432")
+    serve.add_argument(
+        "--tritonserver",
+        metavar="PATH",
+        help="tritonserver binary (default: $TRITONSERVER, PATH, then the nvidia-pytriton wheel)",
+    )
+    serve.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="BACKEND,K=V",
+        help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432",
+    )
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.set_defaults(run=_serve)
 
     infer = commands.add_parser("infer", help="send one valid random request and print the result")
     infer.add_argument("model")
     infer.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    infer.add_argument("--url", help="server address (default: 127.0.0.1:8000 for HTTP, "
-                                     "127.0.0.1:8001 for gRPC)")
+    infer.add_argument(
+        "--url", help="server address (default: 127.0.0.1:8000 for HTTP, 127.0.0.1:8001 for gRPC)"
+    )
     infer.add_argument("--seed", type=int, default=0, help="seed of the random input")
     infer.set_defaults(run=_infer)
     return parser
