@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -138,3 +139,12 @@ def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
         outputs=outputs,
         parameters=parameters,
     )
+
+
+def read_config_pbtxt(path: Path | str) -> dict[str, Any]:
+    """A config.pbtxt as the JSON-style dict Triton hands to `initialize`."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    message = text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)

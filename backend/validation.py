@@ -76,6 +76,8 @@ def validate_request(inputs: dict[str, np.ndarray], model: ModelSpec, allow_nonf
         if model.batched:
             if array.ndim == 0:
                 raise RequestError(f"input {spec.name}: a scalar has no batch dimension")
+            if array.ndim != len(spec.dims) + 1:
+                _check_dims(spec, array.shape, batched=True)  # raises, naming both shapes
             rows = array.shape[0]
             if rows < 1:
                 raise RequestError(f"input {spec.name}: the batch is empty")

@@ -1,0 +1,39 @@
+"""A real tritonserver on free loopback ports, started once for the integration tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.server import ServerConfig, TritonServer, free_port
+from clients.connection import Connection
+from tests.conftest import MODEL_REPOSITORY
+
+
+def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:
+    return ServerConfig(
+        model_repository=repository,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+    )
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def server():
+    with TritonServer(server_config()) as running:
+        yield running
+        log_tail = "\n".join(running.log_tail)
+    assert "Traceback" not in log_tail, log_tail
+
+
+@pytest.fixture(params=["http", "grpc"])
+def connection(request, server):
+    url = server.config.http_url if request.param == "http" else server.config.grpc_url
+    with Connection.open(request.param, url) as opened:
+        yield opened

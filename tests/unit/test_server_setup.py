@@ -1,0 +1,91 @@
+"""The launcher's set-up steps, without starting a server."""
+
+import socket
+import stat
+
+import pytest
+
+from backend import server
+from backend.server import PythonBackendFiles, ServerError
+
+
+def executable(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_an_explicit_path_wins_over_the_environment(tmp_path, monkeypatch):
+    explicit = executable(tmp_path / "a" / "tritonserver")
+    monkeypatch.setenv("TRITONSERVER", str(executable(tmp_path / "b" / "tritonserver")))
+    assert server.find_tritonserver(explicit) == explicit
+    assert server.find_tritonserver(None) == tmp_path / "b" / "tritonserver"
+
+
+def test_a_bad_explicit_path_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONSERVER", str(tmp_path / "missing"))
+    with pytest.raises(ServerError, match="TRITONSERVER points at .*missing, which is not an executable"):
+        server.find_tritonserver(None)
+
+
+def test_the_bundled_server_is_found_without_help(monkeypatch):
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = server.find_tritonserver(None)
+    assert found.name == "tritonserver" and "pytriton" in str(found)
+
+
+def test_no_server_anywhere_says_how_to_get_one(monkeypatch):
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(server, "_pytriton_server", lambda: None)
+    with pytest.raises(ServerError, match="no tritonserver found.*make venv"):
+        server.find_tritonserver(None)
+
+
+def fake_install(tmp_path, stub_versions):
+    binary = executable(tmp_path / "tritonserver" / "bin" / "tritonserver")
+    python_dir = tmp_path / "tritonserver" / "backends" / "python"
+    python_dir.mkdir(parents=True)
+    (python_dir / "libtriton_python.so").write_bytes(b"\x7fELF")
+    (python_dir / "triton_python_backend_utils.py").write_text("")
+    for version in stub_versions:
+        executable(tmp_path / "tritonserver" / "python_backend_stubs" / version / server.STUB)
+    return binary
+
+
+def test_a_missing_stub_names_the_python_versions_that_exist(tmp_path):
+    binary = fake_install(tmp_path, ["3.8", "3.9"])
+    with pytest.raises(
+        ServerError, match=r"no Python backend stub for Python 3\.\d+ .*stubs exist for 3.8, 3.9"
+    ):
+        server.find_python_backend(binary)
+
+
+def test_the_backend_directory_has_python_and_tidepool(tmp_path):
+    binary = fake_install(tmp_path, [server.PYTHON_VERSION])
+    files = server.find_python_backend(binary)
+    assert isinstance(files, PythonBackendFiles)
+    target = server.build_backend_directory(files, tmp_path / "backends")
+    library = target / "python" / "libtriton_python.so"
+    assert library.is_file() and not library.is_symlink()  # Triton refuses a library outside
+    assert (target / "python" / server.STUB).resolve() == files.stub.resolve()
+    assert (target / "tidepool" / "model.py").read_text() == server.BACKEND_MODEL.read_text()
+
+
+def test_a_port_in_use_is_named_with_the_flag_to_change_it():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {port} on 127.0.0.1 is in use.*--grpc-port"):
+            server.check_port_free("127.0.0.1", port, "--grpc-port")
+
+
+def test_the_environment_puts_the_venv_first_and_libpython_on_the_library_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = server.server_environment()
+    assert env["PATH"].split(":")[0].endswith("/bin")
+    assert server.sysconfig.get_config_var("LIBDIR") in env["LD_LIBRARY_PATH"].split(":")
+    assert "PYTHONPATH" not in env
