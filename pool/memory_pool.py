@@ -1,0 +1,403 @@
+"""The memory pool: exact-size free lists in front of slabs (small blocks) and buddy arenas
+(large blocks) that grow on demand from an upstream resource, under a hard limit, with stats,
+execution scopes, and trimming at quiet moments."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from pool.block import Block
+from pool.buddy import BuddyAllocator
+from pool.errors import OutOfMemory, PoolError
+from pool.resources.base import Allocation, MemoryResource
+from pool.slab import Slab
+from pool.stats import PoolStats
+
+ALIGNMENT = 256  # the smallest block, and the alignment of every block
+SLAB_MAX_BLOCK = 32 * 1024  # blocks up to this size are cut from slabs
+SLAB_SIZE = 256 * 1024  # one slab is one buddy block of this size
+DEFAULT_ARENA_BYTES = 64 * 2**20
+DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
+WORKING_SET_HEADROOM = 1.25
+
+
+def size_class(nbytes: int) -> int:
+    """The capacity a request gets: a power of two, at least ALIGNMENT."""
+    return ALIGNMENT if nbytes <= ALIGNMENT else 1 << (nbytes - 1).bit_length()
+
+
+def _power_of_two_at_least(nbytes: int) -> int:
+    return 1 << max(nbytes - 1, 1).bit_length()
+
+
+class Arena:
+    """One upstream allocation, carved by a buddy allocator."""
+
+    __slots__ = ("allocation", "base", "size", "buddy", "host_view")
+
+    def __init__(self, allocation: Allocation) -> None:
+        self.allocation = allocation
+        self.base = allocation.ptr
+        self.size = allocation.nbytes
+        self.buddy = BuddyAllocator(self.size, min_block=SLAB_SIZE)
+        self.host_view = allocation.host_view
+
+
+@dataclass
+class ExecutionScope:
+    """The blocks of one execution: all go back at the end; records the execution's peak."""
+
+    blocks: list[Block] = field(default_factory=list)
+    live_bytes: int = 0
+    peak_bytes: int = 0
+
+    def _add(self, block: Block) -> None:
+        block._scope = self
+        self.blocks.append(block)
+        self.live_bytes += block.capacity
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+
+
+def _make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[MemoryResource, str]:
+    from pool.resources.driver import cuda_status
+    from pool.resources.host import HostResource
+
+    if kind == "auto":
+        available, reason = cuda_status(device)
+        kind = "cuda" if available else "host"
+        if not available:
+            return HostResource(), f"auto: host memory, because {reason}"
+        reason = f"auto: CUDA device {device} ({reason})"
+    else:
+        reason = f"asked for {kind}"
+    if kind == "host":
+        return HostResource(), reason
+    if kind == "pinned":
+        from pool.resources.pinned import PinnedResource
+
+        return PinnedResource(device), reason
+    if kind == "cuda":
+        from pool.resources.cuda import CudaResource
+
+        return CudaResource(device, limit_bytes), reason
+    raise PoolError(f"kind must be auto, host, pinned or cuda, got {kind!r}")
+
+
+class MemoryPool:
+    """Hands out Blocks; in steady state every block comes from memory it already holds.
+
+    kind: "auto" (CUDA when a driver and device are present, else host), "host", "pinned",
+    "cuda". limit_bytes caps reserved memory; initial_bytes is reserved at creation;
+    fragmentation_threshold triggers recycling and trimming at the end of an execution."""
+
+    def __init__(
+        self,
+        kind: str = "auto",
+        device: int = 0,
+        limit_bytes: int | None = None,
+        initial_bytes: int = 0,
+        arena_bytes: int = DEFAULT_ARENA_BYTES,
+        fragmentation_threshold: float = DEFAULT_FRAGMENTATION_THRESHOLD,
+        resource: MemoryResource | None = None,
+    ) -> None:
+        if limit_bytes is not None and limit_bytes <= 0:
+            raise PoolError(f"limit_bytes must be positive, got {limit_bytes}")
+        if not 0.0 <= fragmentation_threshold <= 1.0:
+            raise PoolError(f"fragmentation_threshold must be in [0, 1], got {fragmentation_threshold}")
+        if resource is None:
+            resource, self.kind_reason = _make_resource(kind, device, limit_bytes)
+        else:
+            self.kind_reason = f"given resource {type(resource).__name__}"
+        self.resource = resource
+        self.kind: str = resource.kind
+        self.device = resource.device
+        self.limit_bytes = limit_bytes
+        self.arena_bytes = _power_of_two_at_least(max(arena_bytes, SLAB_SIZE))
+        self.fragmentation_threshold = fragmentation_threshold
+        # Device and pinned blocks are reused per stream: a block freed on one stream is safe to
+        # hand out again on that stream at once, on another only after synchronising.
+        self._per_stream = self.kind in ("cuda", "pinned")
+
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._arenas: list[Arena] = []
+        self._free: dict[Any, list[tuple]] = {}  # size class (per stream) -> free locations
+        self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size
+        self._closed = False
+        self._active_scopes = 0
+        self._working_set = 0  # the largest execution peak seen
+        self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
+        self._num_allocs = self._num_frees = self._cache_hits = self._free_list_hits = 0
+        self._upstream_allocs = self._upstream_frees = self._num_ooms = self._live = 0
+        self.initial_bytes = initial_bytes
+        if initial_bytes > 0:
+            with self._lock:
+                self._add_arena(_power_of_two_at_least(max(initial_bytes, SLAB_SIZE)), None)
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: Any = None) -> Block:
+        """A block of at least `nbytes`, aligned to 256 bytes; OutOfMemory past the limit."""
+        if type(nbytes) is not int or nbytes < 0:
+            raise PoolError(f"allocate: nbytes must be a non-negative int, got {nbytes!r}")
+        capacity = ALIGNMENT if nbytes <= ALIGNMENT else 1 << (nbytes - 1).bit_length()
+        key = (self._stream_key(stream), capacity) if self._per_stream else capacity
+        with self._lock:
+            if self._closed:
+                raise PoolError("allocate: the pool is closed")
+            cached = self._free.get(key)
+            if cached:
+                loc = cached.pop()
+                self._free_list_hits += 1
+                self._cache_hits += 1
+            else:
+                loc = self._allocate_uncached(capacity, nbytes, stream)
+            self._num_allocs += 1
+            self._live += 1
+            allocated = self._allocated + capacity
+            self._allocated = allocated
+            if allocated > self._peak_allocated:
+                self._peak_allocated = allocated
+            block = Block(self, loc, nbytes, capacity, stream)
+            scope = getattr(self._local, "scope", None)
+            if scope is not None:
+                scope._add(block)
+        return block
+
+    def _release(self, block: Block) -> None:
+        with self._lock:
+            if block._freed:
+                raise PoolError(f"free: block at {block.ptr:#x} ({block.nbytes} bytes) was already freed")
+            if self._closed:
+                raise PoolError(f"free: the pool of block {block.ptr:#x} is closed")
+            block._freed = True
+            key = (self._stream_key(block.stream), block.capacity) if self._per_stream else block.capacity
+            cached = self._free.get(key)
+            if cached is None:
+                self._free[key] = [block._loc]
+            else:
+                cached.append(block._loc)
+            self._allocated -= block.capacity
+            self._num_frees += 1
+            self._live -= 1
+            if block._scope is not None:
+                block._scope.live_bytes -= block.capacity
+
+    @staticmethod
+    def _stream_key(stream: Any) -> int:
+        if stream is None:
+            return 0
+        return int(getattr(stream, "cuda_stream", stream))  # torch.cuda.Stream or a raw handle
+
+    # -- the slow path (lock held) ----------------------------------------------------------
+
+    def _allocate_uncached(self, capacity: int, nbytes: int, stream: Any) -> tuple:
+        loc = self._take_held(capacity)
+        if loc is None:
+            self._recycle()  # cached blocks of other sizes, merged back, may serve it
+            loc = self._take_held(capacity)
+        if loc is not None:
+            self._cache_hits += 1
+            return loc
+        return self._grow_and_take(capacity, nbytes, stream)
+
+    def _take_held(self, capacity: int) -> tuple | None:
+        """A free location from the slabs or arenas already held, or None."""
+        if capacity <= SLAB_MAX_BLOCK:
+            return self._take_from_slab(capacity)
+        for arena in self._arenas:
+            offset = arena.buddy.allocate(capacity)
+            if offset is not None:
+                return (arena, offset, None)
+        return None
+
+    def _take_from_slab(self, capacity: int) -> tuple | None:
+        slabs = self._slabs.setdefault(capacity, [])
+        slab = next((s for s in slabs if s.free_slots), None)
+        if slab is None:
+            for arena in self._arenas:
+                offset = arena.buddy.allocate(SLAB_SIZE)
+                if offset is not None:
+                    slab = Slab(arena, offset, SLAB_SIZE, capacity)
+                    slabs.append(slab)
+                    break
+            else:
+                return None
+        return (slab.arena, slab.free_slots.pop(), slab)
+
+    def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> tuple:
+        """Reserve a new arena (trimming empty ones first if that is what it takes)."""
+        need = max(capacity, SLAB_SIZE)
+        cause = ""
+        for trim_first in (False, True):
+            if trim_first:
+                self._release_empty_arenas(keep_bytes=0)
+            size = max(self.arena_bytes, need)
+            if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
+                size = need  # the smallest arena that serves this request
+            if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
+                cause = "the pool's limit would be exceeded"
+                continue
+            try:
+                self._add_arena(size, stream)
+            except MemoryError as exc:
+                cause = f"upstream {self.kind} memory refused {size} bytes ({exc})"
+                continue
+            return self._take_held(capacity)
+        return self._out_of_memory(nbytes, cause)
+
+    def _out_of_memory(self, nbytes: int, cause: str):
+        self._num_ooms += 1
+        raise OutOfMemory(
+            requested=nbytes,
+            allocated=self._allocated,
+            reserved=self._reserved,
+            limit=self.limit_bytes,
+            largest_free_block=self._largest_free_block(),
+            cause=cause,
+        )
+
+    def _add_arena(self, size: int, stream: Any) -> None:
+        allocation = self.resource.allocate(size, self._stream_key(stream) if self._per_stream else None)
+        self._arenas.append(Arena(allocation))
+        self._arenas.sort(key=lambda arena: arena.size)  # fill small arenas first
+        self._reserved += size
+        self._upstream_allocs += 1
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def _recycle(self) -> None:
+        """Give every cached free block back to its slab or buddy allocator, merging buddies."""
+        for key, locs in self._free.items():
+            if self._per_stream and locs:
+                self.resource.synchronize(key[0])
+            for arena, offset, slab in locs:
+                if slab is None:
+                    arena.buddy.release(offset)
+                    continue
+                slab.free_slots.append(offset)
+                if slab.empty:
+                    arena.buddy.release(slab.offset)
+                    self._slabs[slab.block_size].remove(slab)
+        self._free.clear()
+
+    def _release_empty_arenas(self, keep_bytes: int) -> int:
+        released = 0
+        for arena in sorted(self._arenas, key=lambda a: a.size, reverse=True):
+            if arena.buddy.empty and self._reserved - arena.size >= keep_bytes:
+                self._arenas.remove(arena)
+                self.resource.deallocate(arena.allocation)
+                self._reserved -= arena.size
+                self._upstream_frees += 1
+                released += arena.size
+        return released
+
+    def _largest_free_block(self) -> int:
+        largest = max((arena.buddy.largest_free() for arena in self._arenas), default=0)
+        cached = max(
+            (key if not self._per_stream else key[1] for key, locs in self._free.items() if locs), default=0
+        )
+        in_slabs = max(
+            (size for size, slabs in self._slabs.items() if any(s.free_slots for s in slabs)), default=0
+        )
+        return max(largest, cached, in_slabs)
+
+    # -- scopes, maintenance, stats ---------------------------------------------------------
+
+    @contextmanager
+    def execution(self) -> Iterator[ExecutionScope]:
+        """Every block allocated inside (on this thread) goes back at exit; at a quiet moment
+        (no other execution running) the pool recycles and trims if fragmentation is high."""
+        outer = getattr(self._local, "scope", None)
+        scope = ExecutionScope()
+        self._local.scope = scope
+        with self._lock:
+            self._active_scopes += 1
+        try:
+            yield scope
+        finally:
+            self._local.scope = outer
+            for block in scope.blocks:
+                if not block._freed:
+                    block.free()
+            scope.blocks.clear()
+            with self._lock:
+                self._active_scopes -= 1
+                self._working_set = max(self._working_set, scope.peak_bytes)
+                if self._active_scopes == 0:
+                    self._maintain()
+
+    def _maintain(self) -> None:
+        free = self._reserved - self._allocated
+        if free <= 0 or 1 - self._largest_free_block() / free <= self.fragmentation_threshold:
+            return
+        self._recycle()
+        keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
+        self._release_empty_arenas(keep)
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            return PoolStats(
+                kind=self.kind,
+                reserved_bytes=self._reserved,
+                allocated_bytes=self._allocated,
+                peak_reserved_bytes=self._peak_reserved,
+                peak_allocated_bytes=self._peak_allocated,
+                num_allocs=self._num_allocs,
+                num_frees=self._num_frees,
+                cache_hits=self._cache_hits,
+                free_list_hits=self._free_list_hits,
+                upstream_allocs=self._upstream_allocs,
+                upstream_frees=self._upstream_frees,
+                largest_free_block=self._largest_free_block(),
+                num_ooms=self._num_ooms,
+                num_arenas=len(self._arenas),
+                live_blocks=self._live,
+            )
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak_allocated = self._allocated
+            self._peak_reserved = self._reserved
+            self._working_set = 0
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Recycle cached blocks and give empty arenas back upstream while more than
+        `keep_bytes` stays reserved; returns the bytes given back."""
+        with self._lock:
+            self._recycle()
+            released = self._release_empty_arenas(keep_bytes)
+            self.resource.trim(keep_bytes)
+            return released
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Give everything back upstream. Blocks still live become unusable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for arena in self._arenas:
+                self.resource.deallocate(arena.allocation)
+                self._upstream_frees += 1
+            self._arenas.clear()
+            self._free.clear()
+            self._slabs.clear()
+            self._reserved = self._allocated = 0
+        self.resource.close()
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<MemoryPool {self.kind} reserved={self._reserved} allocated={self._allocated}>"
