@@ -1,0 +1,74 @@
+"""The pool on a real GPU: device blocks, views, the owned cuMemPool and torch drawing from it.
+Marked `gpu`; skipped with the reason where no CUDA device is present."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pool import MemoryPool, OutOfMemory
+
+pytestmark = pytest.mark.gpu
+MiB = 2**20
+
+
+def test_device_blocks_hold_what_torch_writes():
+    import torch
+
+    with MemoryPool("cuda", limit_bytes=256 * MiB) as pool:
+        assert pool.kind == "cuda"
+        block = pool.allocate(4 * MiB)
+        tensor = block.as_torch(torch.float32, (MiB,))
+        assert tensor.device.type == "cuda" and tensor.data_ptr() == block.ptr
+        tensor.copy_(torch.arange(MiB, dtype=torch.float32, device="cuda"))
+        again = torch.as_tensor(block, device="cuda").view(torch.float32)  # __cuda_array_interface__
+        assert again[12345].item() == 12345.0
+        from_dlpack = torch.from_dlpack(block)
+        assert from_dlpack.data_ptr() == block.ptr
+        block.free()
+        stats = pool.stats()
+        assert stats.allocated_bytes == 0 and stats.reserved_bytes >= 4 * MiB
+        assert pool.resource.attribute("RESERVED_MEM_CURRENT") >= stats.reserved_bytes
+
+
+def test_reuse_does_not_go_back_to_the_driver_and_the_limit_holds():
+    with MemoryPool("cuda", limit_bytes=64 * MiB, arena_bytes=32 * MiB) as pool:
+        for _ in range(100):
+            with pool.execution():
+                pool.allocate(8 * MiB)
+                pool.allocate(1000)
+        assert pool.stats().upstream_allocs == 1
+        with pytest.raises(OutOfMemory, match="limit 64.00 MiB"):
+            pool.allocate(100 * MiB)
+
+
+def test_pinned_blocks_are_readable_from_the_host():
+    with MemoryPool("pinned") as pool:
+        block = pool.allocate(4096)
+        block.as_numpy(np.int32)[:] = 7
+        assert int(block.as_torch("int32").sum()) == 7 * 1024
+
+
+def test_torch_allocations_come_from_the_pool():
+    # torch's allocator backend is chosen at CUDA init, so this runs in a fresh process.
+    script = textwrap.dedent(
+        """
+        import torch
+        from pool import MemoryPool
+        pool = MemoryPool("cuda", limit_bytes=1 << 30)
+        pool.resource.set_as_device_default()
+        before = pool.resource.attribute("USED_MEM_HIGH")
+        x = torch.randn(4096, 4096, device="cuda")
+        y = x @ x
+        torch.cuda.synchronize()
+        after = pool.resource.attribute("USED_MEM_HIGH")
+        assert after - before >= 2 * 4096 * 4096 * 4, (before, after)
+        print("torch drew", after - before, "bytes from the pool")
+        """
+    )
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
