@@ -48,3 +48,15 @@ def split(outputs: dict[str, np.ndarray], batch_sizes: Sequence[int]) -> list[di
         per_request.append({name: array[row : row + rows] for name, array in outputs.items()})
         row += rows
     return per_request
+
+
+def dummy_inputs(model: ModelSpec, batch: int) -> dict[str, np.ndarray]:
+    """A valid batch of `batch` rows (the lowest allowed value everywhere), for warm-up."""
+    inputs = {}
+    for spec in model.inputs:
+        shape = tuple(1 if d == -1 else d for d in spec.dims)
+        if model.batched:
+            shape = (batch, *shape)
+        low = spec.value_range.low if spec.value_range is not None else 0
+        inputs[spec.name] = np.full(shape, low, dtype=spec.dtype)
+    return inputs

@@ -91,6 +91,16 @@ class ModelSpec:
     def param(self, key: str, default: str | None = None) -> str | None:
         return self.parameters.get(key, default)
 
+    def bytes_param(self, key: str) -> int | None:
+        text = self.parameters.get(key)
+        return parse_bytes(text, f"parameter {key}") if text else None
+
+    def choice_param(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = (self.parameters.get(key) or default).strip().lower()
+        if value not in choices:
+            raise ConfigError(f"parameter {key}: expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
     def int_param(self, key: str, default: int, minimum: int = 0) -> int:
         text = self.parameters.get(key)
         if text is None or text == "":
@@ -102,6 +112,23 @@ class ModelSpec:
         if value < minimum:
             raise ConfigError(f"parameter {key}: must be at least {minimum}, got {value}")
         return value
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(text: str, where: str) -> int:
+    """'512MiB', '2GiB', '1.5GB' or a plain number of bytes."""
+    cleaned = text.strip().upper().replace(" ", "")
+    number = cleaned.rstrip("KMGIB")
+    unit = cleaned[len(number) :]
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{where}: expected a size like 512MiB, 2GiB or 1000000, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{where}: a size cannot be negative, got {text!r}")
+    return int(value)
 
 
 def _tensor_specs(entries: list[dict[str, Any]], parameters: dict[str, str], kind: str):

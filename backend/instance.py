@@ -1,10 +1,13 @@
-"""One model instance, free of Triton: validates the requests of an execution, runs the valid
-ones as one batch through the torch model, and returns per request its outputs or its error."""
+"""One model instance, free of Triton: validates the requests of an execution, gathers the valid
+ones into buffers from the instance's memory pool, runs one forward pass, and returns per
+request its outputs or its error. The pool lives as long as the instance."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,12 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.batching import gather, split
-from backend.config import ModelSpec, parse_model_config
+from backend.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
+from backend.config import ConfigError, ModelSpec, parse_model_config
 from backend.loader import load_model
 from backend.validation import RequestError, validate_request
+from pool import MemoryPool, OutOfMemory
 
-Outputs = dict[str, np.ndarray]
+Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
 Result = Outputs | RequestError
 
 _NUMPY_TO_TORCH = {
@@ -33,36 +37,118 @@ _NUMPY_TO_TORCH = {
 }
 
 
+def _batch_sizes_param(model: ModelSpec) -> tuple[int, ...]:
+    text = model.param("POOL_WARMUP_BATCH_SIZES")
+    if text is None:
+        return (1, model.max_batch_size) if model.max_batch_size > 1 else (1,)
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(
+            f"parameter POOL_WARMUP_BATCH_SIZES: expected e.g. '1,8,32', got {text!r}"
+        ) from None
+    if any(size < 1 or (model.batched and size > model.max_batch_size) for size in sizes):
+        raise ConfigError(
+            f"parameter POOL_WARMUP_BATCH_SIZES: sizes must be in 1..{model.max_batch_size}, got {text!r}"
+        )
+    return sizes
+
+
 @dataclass(frozen=True)
 class InstanceSettings:
-    """Backend parameters of config.pbtxt that shape how an instance runs."""
+    """Backend parameters of config.pbtxt that shape how an instance runs (README lists them)."""
 
     torch_threads: int
     allow_nonfinite: bool
+    device: str  # "cpu" or "cuda"
+    pool_enabled: bool
+    pool_kind: str
+    pool_limit_bytes: int | None
+    pool_initial_bytes: int
+    pool_fragmentation_threshold: float
+    warmup_batch_sizes: tuple[int, ...]
 
     @classmethod
     def from_spec(cls, model: ModelSpec) -> InstanceSettings:
+        device = model.choice_param("DEVICE", ("auto", "cpu", "cuda"), "auto")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("parameter DEVICE is cuda, but torch sees no CUDA device here")
+        threshold_text = model.param("POOL_FRAGMENTATION_THRESHOLD", "0.10")
+        try:
+            threshold = float(threshold_text)
+        except ValueError:
+            raise ConfigError(
+                f"parameter POOL_FRAGMENTATION_THRESHOLD: not a number: {threshold_text!r}"
+            ) from None
         return cls(
             torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
-            allow_nonfinite=(model.param("ALLOW_NONFINITE", "false") or "").lower() == "true",
+            allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
+            device=device,
+            pool_enabled=model.choice_param("POOL", ("on", "off"), "on") == "on",
+            pool_kind=model.choice_param("POOL_KIND", ("auto", "host", "pinned", "cuda"), "auto"),
+            pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
+            pool_initial_bytes=model.bytes_param("POOL_INITIAL_BYTES") or 0,
+            pool_fragmentation_threshold=threshold,
+            warmup_batch_sizes=_batch_sizes_param(model),
         )
 
 
 class ModelInstance:
     def __init__(self, model: ModelSpec, module: torch.nn.Module, settings: InstanceSettings):
         self.model = model
-        self.module = module
         self.settings = settings
+        self.device = torch.device(settings.device)
+        self.pool: MemoryPool | None = None
+        self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
+        if settings.pool_enabled:
+            kind = settings.pool_kind
+            if kind == "auto":
+                kind = "cuda" if settings.device == "cuda" else "host"
+            self.pool = MemoryPool(
+                kind,
+                limit_bytes=settings.pool_limit_bytes,
+                initial_bytes=settings.pool_initial_bytes,
+                fragmentation_threshold=settings.pool_fragmentation_threshold,
+            )
+            self.staging = self.pool
+            if self.pool.kind == "cuda":
+                self.staging = MemoryPool("pinned", limit_bytes=settings.pool_limit_bytes)
+                if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+                    self.pool.resource.set_as_device_default()  # torch's own allocations too
+        self.module = module.to(self.device)
+        self.batches_run: list[int] = []  # rows of each forward pass of the last execute
 
     @classmethod
     def load(cls, model_config: dict[str, Any] | str, model_dir: Path | str) -> ModelInstance:
         model = parse_model_config(model_config)
         settings = InstanceSettings.from_spec(model)
         torch.set_num_threads(settings.torch_threads)
-        return cls(model, load_model(model_dir, model), settings)
+        instance = cls(model, load_model(model_dir, model), settings)
+        instance.warm_up()
+        return instance
+
+    def warm_up(self) -> None:
+        """One dummy batch per warm-up size, so the first real request is not the slow one
+        (and the pool has reserved what those batches need)."""
+        sizes = self.settings.warmup_batch_sizes if self.model.batched else (1,)
+        for size in sizes:
+            inputs = dummy_inputs(self.model, size)
+            [result] = self.execute([inputs])
+            if isinstance(result, RequestError):
+                raise RuntimeError(f"warm-up at batch size {size} failed: {result}")
+        self.batches_run = []  # warm-up is not traffic
+
+    def close(self) -> None:
+        for pool in {id(p): p for p in (self.staging, self.pool) if p is not None}.values():
+            pool.close()
+
+    # -- execution ---------------------------------------------------------------------------
 
     def execute(self, requests: Sequence[dict[str, np.ndarray]]) -> list[Result]:
         """Answer every request, in order: its outputs, or the RequestError that it alone gets."""
+        self.batches_run = []
         results: list[Result | None] = [None] * len(requests)
         valid: list[int] = []
         batch_sizes: list[int] = []
@@ -75,41 +161,86 @@ class ModelInstance:
         if not valid:
             return results  # type: ignore[return-value]
         if self.model.batched:
-            self._run_batch([requests[i] for i in valid], batch_sizes, valid, results)
+            outcomes = self._run_batch([requests[i] for i in valid], batch_sizes)
         else:
-            for index in valid:
-                results[index] = self._run_guarded(lambda i=index: self.forward(requests[i]))
+            outcomes = [self._run_batch([requests[i]], [0])[0] for i in valid]
+        for index, outcome in zip(valid, outcomes, strict=True):
+            results[index] = outcome
         return results  # type: ignore[return-value]
 
-    def _run_batch(self, requests, batch_sizes, indices, results) -> None:
-        def run() -> list[Outputs]:
-            batch = gather(requests, batch_sizes, self.model)
-            return split(self.forward(batch, sum(batch_sizes)), batch_sizes)
-
-        outcome = self._run_guarded(run)
-        for position, index in enumerate(indices):
-            results[index] = outcome if isinstance(outcome, RequestError) else outcome[position]
-
-    @staticmethod
-    def _run_guarded(run):
-        """Turn a failure of the model itself into an error for the requests it carried."""
+    def _run_batch(self, requests: list[dict[str, np.ndarray]], batch_sizes: list[int]) -> list[Result]:
+        """One forward pass for these requests; a GPU out-of-memory retries them as two halves."""
         try:
-            return run()
+            if self.pool is None:
+                return self._forward_split(requests, batch_sizes, numpy_allocate)
+            with ExitStack() as scopes:
+                for pool in {id(p): p for p in (self.pool, self.staging) if p is not None}.values():
+                    scopes.enter_context(pool.execution())
+                return self._forward_split(requests, batch_sizes, self._pool_allocate)
+        except OutOfMemory as error:
+            return [self._pool_exhausted(error)] * len(requests)
+        except torch.OutOfMemoryError as error:
+            if len(requests) < 2:
+                return [
+                    RequestError(f"the device ran out of memory for this request: {error}", "UNAVAILABLE")
+                ]
+            half = len(requests) // 2
+            return self._run_batch(requests[:half], batch_sizes[:half]) + self._run_batch(
+                requests[half:], batch_sizes[half:]
+            )
         except RequestError as error:
-            return error
+            return [error] * len(requests)
         except Exception as exc:  # the model's own failure must not take the instance down
-            return RequestError(f"the model failed: {type(exc).__name__}: {exc}", code="INTERNAL")
+            failure = RequestError(f"the model failed: {type(exc).__name__}: {exc}", code="INTERNAL")
+            return [failure] * len(requests)
 
-    def forward(self, batch: dict[str, np.ndarray], rows: int | None = None) -> Outputs:
-        """One forward pass on numpy inputs; outputs checked against the config."""
+    def _forward_split(self, requests, batch_sizes, allocate: Allocate) -> list[Outputs]:
+        if not self.model.batched:
+            outputs = self.forward(requests[0], None, allocate)
+            self.batches_run.append(1)
+            return [outputs]
+        rows = sum(batch_sizes)
+        batch = gather(requests, batch_sizes, self.model, allocate)
+        outputs = split(self.forward(batch, rows, allocate), batch_sizes)
+        self.batches_run.append(rows)
+        return outputs
+
+    def _pool_allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        assert self.staging is not None
+        block = self.staging.allocate(math.prod(shape) * dtype.itemsize)
+        return block.as_numpy(dtype, shape)
+
+    def _pool_exhausted(self, error: OutOfMemory) -> RequestError:
+        return RequestError(
+            f"the model instance's memory pool cannot hold this batch: asked {error.requested} bytes, "
+            f"pool limit {error.limit} bytes ({error.reserved} reserved, {error.allocated} in use); "
+            "send a smaller batch or raise POOL_LIMIT_BYTES",
+            code="UNAVAILABLE",
+        )
+
+    def forward(
+        self, batch: dict[str, np.ndarray], rows: int | None, allocate: Allocate = numpy_allocate
+    ) -> Outputs:
+        """One forward pass on numpy inputs; outputs checked against the config. On the host the
+        outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
         tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.device.type == "cuda":
+            # From pinned staging (or pageable memory when the pool is off) onto the device.
+            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
         with torch.inference_mode():
-            raw = self.module(*tensors)
-            produced = self._name_outputs(raw)
+            produced = self._name_outputs(self.module(*tensors))
             outputs: Outputs = {}
             for spec in self.model.outputs:
-                tensor = produced[spec.name].to(_NUMPY_TO_TORCH[spec.dtype]).contiguous()
-                outputs[spec.name] = self._checked(spec, tensor.numpy(), rows)
+                tensor = produced[spec.name].to(_NUMPY_TO_TORCH[spec.dtype])
+                self._check_shape(spec, tuple(tensor.shape), rows)
+                if self.device.type == "cuda":
+                    outputs[spec.name] = tensor.contiguous()  # sent with from_dlpack
+                elif allocate is numpy_allocate:
+                    outputs[spec.name] = tensor.contiguous().numpy()
+                else:
+                    out = allocate(tuple(tensor.shape), spec.dtype)
+                    torch.from_numpy(out).copy_(tensor)
+                    outputs[spec.name] = out
         return outputs
 
     def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
@@ -122,17 +253,17 @@ class ModelInstance:
         values = [raw] if isinstance(raw, torch.Tensor) else list(raw)
         if len(values) != len(names):
             raise RuntimeError(
-                f"the model returned {len(values)} outputs, the config declares "
-                f"{len(names)} ({', '.join(names)})"
+                f"the model returned {len(values)} outputs, "
+                f"the config declares {len(names)} ({', '.join(names)})"
             )
         return dict(zip(names, values, strict=True))
 
-    def _checked(self, spec, array: np.ndarray, rows: int | None) -> np.ndarray:
+    @staticmethod
+    def _check_shape(spec, shape: tuple[int, ...], rows: int | None) -> None:
         expected = ((rows,) if rows is not None else ()) + spec.dims
-        if len(array.shape) != len(expected) or any(
-            want != -1 and got != want for got, want in zip(array.shape, expected, strict=True)
+        if len(shape) != len(expected) or any(
+            want != -1 and got != want for got, want in zip(shape, expected, strict=True)
         ):
             raise RuntimeError(
-                f"output {spec.name} has shape {list(array.shape)}, the config declares {list(expected)}"
+                f"output {spec.name} has shape {list(shape)}, the config declares {list(expected)}"
             )
-        return array

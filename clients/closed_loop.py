@@ -41,11 +41,14 @@ def run_closed_loop(
     concurrency: int = 8,
     duration_s: float = 10.0,
     batch: int = 1,
+    max_requests: int | None = None,
 ) -> LoadResult:
+    """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first."""
     result = LoadResult(concurrency, duration_s, batch=batch)
     lock = threading.Lock()
     start = threading.Barrier(concurrency + 1)
     stop_at: list[float] = []
+    sent = [0]
 
     def client(index: int) -> None:
         # One connection per client: tritonclient's HTTP client is not thread-safe.
@@ -54,6 +57,10 @@ def run_closed_loop(
             inputs = random_inputs(spec, batch=batch, seed=index)
             start.wait()
             while time.perf_counter() < stop_at[0]:
+                with lock:
+                    if max_requests is not None and sent[0] >= max_requests:
+                        return
+                    sent[0] += 1
                 began = time.perf_counter()
                 try:
                     connection.infer(model, inputs, spec)

@@ -43,7 +43,7 @@ class Arena:
         self.allocation = allocation
         self.base = allocation.ptr
         self.size = allocation.nbytes
-        self.buddy = BuddyAllocator(self.size, min_block=SLAB_SIZE)
+        self.buddy = BuddyAllocator(self.size, min_block=2 * SLAB_MAX_BLOCK)
         self.host_view = allocation.host_view
 
 

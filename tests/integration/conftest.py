@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from backend.server import ServerConfig, TritonServer, free_port
@@ -24,9 +26,22 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
+TEST_MODELS = Path(__file__).parent / "models"
+
+
 @pytest.fixture(scope="session")
-def server():
-    with TritonServer(server_config()) as running:
+def repository(tmp_path_factory) -> Path:
+    """The example models plus the test models, linked into one repository."""
+    root = tmp_path_factory.mktemp("repository")
+    for model in [*MODEL_REPOSITORY.iterdir(), *TEST_MODELS.iterdir()]:
+        if (model / "config.pbtxt").is_file():
+            (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(repository):
+    with TritonServer(server_config(repository)) as running:
         yield running
         log_tail = "\n".join(running.log_tail)
     assert "Traceback" not in log_tail, log_tail

@@ -1,0 +1,66 @@
+"""Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
+gauges and counters, and a histogram of the batch sizes `execute` really ran."""
+
+from __future__ import annotations
+
+from pool import PoolStats
+
+BATCH_SIZE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+GAUGES = {
+    "tidepool_pool_reserved_bytes": ("reserved_bytes", "Bytes the instance's pool holds from upstream"),
+    "tidepool_pool_allocated_bytes": ("allocated_bytes", "Bytes of the pool's blocks in use"),
+    "tidepool_pool_peak_bytes": ("peak_allocated_bytes", "Peak bytes in use since the instance started"),
+    "tidepool_pool_reuse_ratio": (
+        "reuse_ratio",
+        "Allocations served from memory the pool held / allocations",
+    ),
+    "tidepool_pool_fragmentation": ("fragmentation", "1 - largest free block / free bytes of the pool"),
+}
+COUNTERS = {
+    "tidepool_pool_upstream_allocs_total": ("upstream_allocs", "Allocations the pool asked upstream for"),
+    "tidepool_pool_ooms_total": ("num_ooms", "Allocations the pool refused at its limit"),
+}
+
+
+class InstanceMetrics:
+    """One instance's metrics; `pb_utils` is passed in so this module imports without Triton."""
+
+    def __init__(self, pb_utils, model: str, instance: str) -> None:
+        family = pb_utils.MetricFamily
+        labels = {"model": model, "instance": instance}
+        # Triton deletes a family's metrics with the family: keep every family alive here.
+        self.families = {
+            name: family(name=name, description=text, kind=kind)
+            for kind, table in ((family.GAUGE, GAUGES), (family.COUNTER, COUNTERS))
+            for name, (_, text) in table.items()
+        }
+        self.families["tidepool_batch_size"] = family(
+            name="tidepool_batch_size",
+            description="Rows of the batches execute ran through the model",
+            kind=family.HISTOGRAM,
+        )
+        self.gauges = {
+            field: self.families[name].Metric(labels=labels) for name, (field, _) in GAUGES.items()
+        }
+        self.counters = {
+            field: self.families[name].Metric(labels=labels) for name, (field, _) in COUNTERS.items()
+        }
+        self.counted = dict.fromkeys(self.counters, 0)
+        self.batch_size = self.families["tidepool_batch_size"].Metric(
+            labels=labels, buckets=BATCH_SIZE_BUCKETS
+        )
+
+    def record_batch(self, rows: int) -> None:
+        if rows > 0:
+            self.batch_size.observe(rows)
+
+    def record_pool(self, stats: PoolStats) -> None:
+        values = stats.as_dict()
+        for field, gauge in self.gauges.items():
+            gauge.set(float(values[field]))
+        for field, counter in self.counters.items():
+            grown = int(values[field]) - self.counted[field]
+            if grown > 0:
+                counter.increment(grown)
+                self.counted[field] += grown

@@ -1,0 +1,51 @@
+"""Every execution runs through the instance's pool, and /metrics shows it (real server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from clients.closed_loop import run_closed_loop
+from clients.connection import Connection
+from clients.metrics import scrape, value
+
+
+def pool_figures(server, model: str) -> dict[str, float]:
+    samples = scrape(server.config.metrics_url)
+    names = ["upstream_allocs_total", "allocated_bytes", "reserved_bytes", "reuse_ratio", "ooms_total"]
+    figures = {name: value(samples, f"tidepool_pool_{name}", model=model) for name in names}
+    figures["batches"] = value(samples, "tidepool_batch_size_count", model=model)
+    figures["batch_rows"] = value(samples, "tidepool_batch_size_sum", model=model)
+    return figures
+
+
+def test_steady_traffic_allocates_nothing_fresh_and_gives_everything_back(server):
+    url = server.config.grpc_url
+    run_closed_loop("encoder", url, concurrency=8, duration_s=2)  # warm-up: every batch size seen
+    before = pool_figures(server, "encoder")
+    load = run_closed_loop("encoder", url, concurrency=8, duration_s=60, max_requests=2000)
+    after = pool_figures(server, "encoder")
+    assert load.errors == [] and len(load.latencies_ms) == 2000
+    assert after["upstream_allocs_total"] == before["upstream_allocs_total"]
+    assert after["allocated_bytes"] == before["allocated_bytes"] == 0  # idle: nothing in use
+    assert after["reuse_ratio"] >= before["reuse_ratio"] > 0.99
+    batches = after["batches"] - before["batches"]
+    rows = after["batch_rows"] - before["batch_rows"]
+    assert rows == 2000 and batches < rows, f"{batches} batches for {rows} rows: nothing batched"
+
+
+def test_a_batch_over_the_pool_limit_is_unavailable_and_the_instance_keeps_serving(server):
+    with Connection.open("grpc", server.config.grpc_url) as grpc:
+        spec = grpc.model_spec("pool_limited")
+        big = {"X": np.ones((8, 16384), dtype=np.float32)}
+        with pytest.raises(InferenceServerException) as caught:
+            grpc.infer("pool_limited", big, spec)
+        message = str(caught.value)
+        assert "memory pool cannot hold this batch" in message and "pool limit 786432 bytes" in message
+        assert "UNAVAILABLE" in message or "StatusCode.UNAVAILABLE" in repr(caught.value)
+        small = {"X": np.full((1, 16384), 3.0, dtype=np.float32)}
+        np.testing.assert_array_equal(grpc.infer("pool_limited", small, spec)["Y"], small["X"] * 2)
+        assert grpc.is_ready()
+    figures = pool_figures(server, "pool_limited")
+    assert figures["ooms_total"] >= 1 and figures["allocated_bytes"] == 0
