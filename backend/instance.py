@@ -200,7 +200,10 @@ class ModelInstance:
             self.batches_run.append(1)
             return [outputs]
         rows = sum(batch_sizes)
-        batch = gather(requests, batch_sizes, self.model, allocate)
+        if len(requests) == 1 and self.device.type == "cpu":
+            batch = requests[0]  # one request is already a batch: no copy at all
+        else:
+            batch = gather(requests, batch_sizes, self.model, allocate)
         outputs = split(self.forward(batch, rows, allocate), batch_sizes)
         self.batches_run.append(rows)
         return outputs

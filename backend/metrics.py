@@ -23,6 +23,10 @@ COUNTERS = {
 }
 
 
+# Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
+ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
+
+
 class InstanceMetrics:
     """One instance's metrics; `pb_utils` is passed in so this module imports without Triton."""
 
@@ -47,6 +51,7 @@ class InstanceMetrics:
             field: self.families[name].Metric(labels=labels) for name, (field, _) in COUNTERS.items()
         }
         self.counted = dict.fromkeys(self.counters, 0)
+        self.last: dict[str, float] = {}
         self.batch_size = self.families["tidepool_batch_size"].Metric(
             labels=labels, buckets=BATCH_SIZE_BUCKETS
         )
@@ -56,9 +61,14 @@ class InstanceMetrics:
             self.batch_size.observe(rows)
 
     def record_pool(self, stats: PoolStats) -> None:
+        """Send only what changed: each set() is a message from the stub to the server, and this
+        runs after every execution."""
         values = stats.as_dict()
         for field, gauge in self.gauges.items():
-            gauge.set(float(values[field]))
+            current = round(float(values[field]), ROUNDING.get(field, 0))
+            if self.last.get(field) != current:
+                gauge.set(current)
+                self.last[field] = current
         for field, counter in self.counters.items():
             grown = int(values[field]) - self.counted[field]
             if grown > 0:
