@@ -117,6 +117,10 @@ class ModelInstance:
                 self.staging = MemoryPool("pinned", limit_bytes=settings.pool_limit_bytes)
                 if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
                     self.pool.resource.set_as_device_default()  # torch's own allocations too
+        # Each pool once: a host instance gathers in its one pool.
+        self.pools = [p for p in (self.pool, self.staging) if p is not None]
+        if len(self.pools) == 2 and self.pools[0] is self.pools[1]:
+            self.pools.pop()
         self.module = module.to(self.device)
         self.batches_run: list[int] = []  # rows of each forward pass of the last execute
 
@@ -141,7 +145,7 @@ class ModelInstance:
         self.batches_run = []  # warm-up is not traffic
 
     def close(self) -> None:
-        for pool in {id(p): p for p in (self.staging, self.pool) if p is not None}.values():
+        for pool in self.pools:
             pool.close()
 
     # -- execution ---------------------------------------------------------------------------
@@ -174,7 +178,7 @@ class ModelInstance:
             if self.pool is None:
                 return self._forward_split(requests, batch_sizes, numpy_allocate)
             with ExitStack() as scopes:
-                for pool in {id(p): p for p in (self.pool, self.staging) if p is not None}.values():
+                for pool in self.pools:
                     scopes.enter_context(pool.execution())
                 return self._forward_split(requests, batch_sizes, self._pool_allocate)
         except OutOfMemory as error:

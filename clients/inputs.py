@@ -1,7 +1,10 @@
-"""Valid random inputs for any model, built from its config: dtype, shape, and the value range
-the config declares (`range.NAME` parameters)."""
+"""Inputs for any model: valid random ones built from its config (dtype, shape, the value range
+the config declares), or ones read from a .npz or JSON file."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -34,3 +37,22 @@ def random_inputs(model: ModelSpec, batch: int = 1, seed: int = 0) -> dict[str, 
     rng = np.random.default_rng(seed)
     rows = batch if model.batched else None
     return {spec.name: random_tensor(spec, rows, rng) for spec in model.inputs}
+
+
+def load_inputs(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
+    """Inputs from a .npz file (arrays by input name) or a JSON file ({"NAME": nested lists}),
+    cast to the model's dtypes and checked to name every input."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            raw = {name: data[name] for name in data.files}
+    elif path.suffix == ".json":
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object of input name -> nested list")
+    else:
+        raise ValueError(f"{path}: input files must be .npz or .json")
+    missing = [spec.name for spec in model.inputs if spec.name not in raw]
+    if missing:
+        raise ValueError(f"{path}: no data for input(s) {', '.join(missing)}")
+    return {spec.name: np.asarray(raw[spec.name], dtype=spec.dtype) for spec in model.inputs}

@@ -20,6 +20,7 @@ from pool.stats import PoolStats
 ALIGNMENT = 256  # the smallest block, and the alignment of every block
 SLAB_MAX_BLOCK = 32 * 1024  # blocks up to this size are cut from slabs
 SLAB_SIZE = 256 * 1024  # one slab is one buddy block of this size
+SMALL_ARENA_BYTES = 2 * 2**20  # slabs come from arenas of their own, so they never split large ones
 DEFAULT_ARENA_BYTES = 64 * 2**20
 DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
 WORKING_SET_HEADROOM = 1.25
@@ -35,15 +36,17 @@ def _power_of_two_at_least(nbytes: int) -> int:
 
 
 class Arena:
-    """One upstream allocation, carved by a buddy allocator."""
+    """One upstream allocation, carved by a buddy allocator: into slabs (a small arena) or into
+    large blocks."""
 
-    __slots__ = ("allocation", "base", "size", "buddy", "host_view")
+    __slots__ = ("allocation", "base", "size", "buddy", "host_view", "small")
 
-    def __init__(self, allocation: Allocation) -> None:
+    def __init__(self, allocation: Allocation, small: bool) -> None:
         self.allocation = allocation
         self.base = allocation.ptr
         self.size = allocation.nbytes
-        self.buddy = BuddyAllocator(self.size, min_block=2 * SLAB_MAX_BLOCK)
+        self.small = small
+        self.buddy = BuddyAllocator(self.size, min_block=SLAB_SIZE if small else 2 * SLAB_MAX_BLOCK)
         self.host_view = allocation.host_view
 
 
@@ -137,7 +140,7 @@ class MemoryPool:
         self.initial_bytes = initial_bytes
         if initial_bytes > 0:
             with self._lock:
-                self._add_arena(_power_of_two_at_least(max(initial_bytes, SLAB_SIZE)), None)
+                self._add_arena(_power_of_two_at_least(max(initial_bytes, SLAB_SIZE)), None, small=False)
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -211,7 +214,7 @@ class MemoryPool:
         if capacity <= SLAB_MAX_BLOCK:
             return self._take_from_slab(capacity)
         for arena in self._arenas:
-            offset = arena.buddy.allocate(capacity)
+            offset = None if arena.small else arena.buddy.allocate(capacity)
             if offset is not None:
                 return (arena, offset, None)
         return None
@@ -221,7 +224,7 @@ class MemoryPool:
         slab = next((s for s in slabs if s.free_slots), None)
         if slab is None:
             for arena in self._arenas:
-                offset = arena.buddy.allocate(SLAB_SIZE)
+                offset = arena.buddy.allocate(SLAB_SIZE) if arena.small else None
                 if offset is not None:
                     slab = Slab(arena, offset, SLAB_SIZE, capacity)
                     slabs.append(slab)
@@ -232,19 +235,21 @@ class MemoryPool:
 
     def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> tuple:
         """Reserve a new arena (trimming empty ones first if that is what it takes)."""
-        need = max(capacity, SLAB_SIZE)
+        small = capacity <= SLAB_MAX_BLOCK
+        need = SLAB_SIZE if small else max(capacity, 2 * SLAB_MAX_BLOCK)
         cause = ""
         for trim_first in (False, True):
             if trim_first:
+                self._recycle()
                 self._release_empty_arenas(keep_bytes=0)
-            size = max(self.arena_bytes, need)
+            size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 size = need  # the smallest arena that serves this request
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 cause = "the pool's limit would be exceeded"
                 continue
             try:
-                self._add_arena(size, stream)
+                self._add_arena(size, stream, small)
             except MemoryError as exc:
                 cause = f"upstream {self.kind} memory refused {size} bytes ({exc})"
                 continue
@@ -262,28 +267,35 @@ class MemoryPool:
             cause=cause,
         )
 
-    def _add_arena(self, size: int, stream: Any) -> None:
+    def _add_arena(self, size: int, stream: Any, small: bool) -> None:
         allocation = self.resource.allocate(size, self._stream_key(stream) if self._per_stream else None)
-        self._arenas.append(Arena(allocation))
+        self._arenas.append(Arena(allocation, small))
         self._arenas.sort(key=lambda arena: arena.size)  # fill small arenas first
         self._reserved += size
         self._upstream_allocs += 1
         self._peak_reserved = max(self._peak_reserved, self._reserved)
 
-    def _recycle(self) -> None:
-        """Give every cached free block back to its slab or buddy allocator, merging buddies."""
-        for key, locs in self._free.items():
+    def _recycle(self, small_too: bool = True) -> None:
+        """Give cached free blocks back to their buddy allocators, merging buddies. With
+        `small_too` (trim, OOM) small blocks go back to their slabs and empty slabs to their
+        small arenas; otherwise small blocks stay cached, since returning them merges nothing."""
+        for key in list(self._free):
+            capacity = key[1] if self._per_stream else key
+            if capacity <= SLAB_MAX_BLOCK and not small_too:
+                continue
+            locs = self._free.pop(key)
             if self._per_stream and locs:
                 self.resource.synchronize(key[0])
             for arena, offset, slab in locs:
                 if slab is None:
                     arena.buddy.release(offset)
-                    continue
-                slab.free_slots.append(offset)
-                if slab.empty:
-                    arena.buddy.release(slab.offset)
-                    self._slabs[slab.block_size].remove(slab)
-        self._free.clear()
+                else:
+                    slab.free_slots.append(offset)
+        if small_too:
+            for slabs in self._slabs.values():
+                for slab in [s for s in slabs if s.empty]:
+                    slab.arena.buddy.release(slab.offset)
+                    slabs.remove(slab)
 
     def _release_empty_arenas(self, keep_bytes: int) -> int:
         released = 0
@@ -332,10 +344,14 @@ class MemoryPool:
                     self._maintain()
 
     def _maintain(self) -> None:
+        if not any(
+            locs for key, locs in self._free.items() if (key[1] if self._per_stream else key) > SLAB_MAX_BLOCK
+        ):
+            return  # only cached large blocks can be merged back; nothing else would change
         free = self._reserved - self._allocated
         if free <= 0 or 1 - self._largest_free_block() / free <= self.fragmentation_threshold:
             return
-        self._recycle()
+        self._recycle(small_too=False)
         keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
         self._release_empty_arenas(keep)
 

@@ -32,6 +32,75 @@ def _infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from clients.sweep import (
+        Sweep,
+        SweepSettings,
+        format_table,
+        parse_levels,
+        progress_printer,
+        write_reports,
+    )
+
+    rates = tuple(float(r) for r in args.request_rate.split(",")) if args.request_rate else ()
+    settings = SweepSettings(
+        model=args.model,
+        protocol=args.protocol,
+        url=args.url,
+        batch=args.batch,
+        concurrency=tuple(parse_levels(args.concurrency)),
+        request_rates=rates,
+        window_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        max_windows=args.max_windows,
+        shared_memory=args.shared_memory,
+        input_file=args.input_data,
+    )
+    results = Sweep(settings, progress=progress_printer).run()
+    print(f"\n{args.model} over {args.protocol}, batch {args.batch}:")
+    print(format_table(results))
+    if args.out:
+        written = write_reports(
+            results, Path(args.out), f"{args.model} ({args.protocol}, batch {args.batch})"
+        )
+        print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _load(args: argparse.Namespace) -> int:
+    from clients.locust_run import LoadSettings, run_load
+
+    summary = run_load(
+        LoadSettings(
+            model=args.model,
+            users=args.users,
+            spawn_rate=args.spawn_rate,
+            duration=args.duration,
+            protocol=args.protocol,
+            url=args.url,
+            p99_ms=args.p99_ms,
+            workers=args.workers,
+            report_dir=Path(args.report_dir) if args.report_dir else None,
+            batch=args.batch,
+            input_data=args.input_data,
+            step_users=args.step_users,
+            step_seconds=args.step_seconds,
+        )
+    )
+    print(
+        f"\n{args.model} over {args.protocol}: {summary.requests} requests answered, "
+        f"{summary.failures} failed, "
+        f"{summary.requests_per_s:.1f} req/s, p50 {summary.p50_ms:.0f} ms, p99 {summary.p99_ms:.0f} ms"
+    )
+    if summary.by_worker:
+        print("requests per worker: " + ", ".join(f"{k[:12]} {v}" for k, v in summary.by_worker.items()))
+    print(f"reports: {summary.report_dir}/report.html and {summary.report_dir}/locust_*.csv")
+    problems = summary.verdict(args.p99_ms)
+    for problem in problems:
+        print(f"tidepool load: FAILED: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tidepool",
@@ -78,6 +147,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument("--seed", type=int, default=0, help="seed of the random input")
     infer.set_defaults(run=_infer)
+
+    sweep = commands.add_parser(
+        "sweep", help="measure throughput and latency level by level (closed-loop or open-loop)"
+    )
+    sweep.add_argument("model")
+    sweep.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
+    sweep.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    sweep.add_argument(
+        "--concurrency",
+        default="1:32:x2",
+        help="closed-loop levels: START:STOP:xFACTOR, START:STOP:+STEP or 1,4,8 (default: %(default)s)",
+    )
+    sweep.add_argument(
+        "--request-rate",
+        metavar="R1,R2,...",
+        help="open-loop mode: requests per second per level, instead of concurrency",
+    )
+    sweep.add_argument("--batch", type=int, default=1, help="rows per request (default: %(default)s)")
+    sweep.add_argument("--duration-s", type=float, default=10.0, help="length of one measurement window")
+    sweep.add_argument("--warmup-s", type=float, default=2.0)
+    sweep.add_argument(
+        "--max-windows",
+        type=int,
+        default=5,
+        help="windows per level until two agree within 10%% (default: %(default)s)",
+    )
+    sweep.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
+    sweep.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="send inputs and receive outputs through system shared memory",
+    )
+    sweep.add_argument("--out", metavar="results.csv", help="write CSV, and JSON and PNG beside it")
+    sweep.set_defaults(run=_sweep)
+
+    load = commands.add_parser("load", help="a headless Locust load test with CSV and HTML reports")
+    load.add_argument("model")
+    load.add_argument("--users", type=int, default=32)
+    load.add_argument("--spawn-rate", type=float, default=8.0, help="users started per second")
+    load.add_argument("--duration", default="60s", help="e.g. 60s, 5m (default: %(default)s)")
+    load.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
+    load.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    load.add_argument("--p99-ms", type=float, help="fail when p99 latency is above this bound")
+    load.add_argument(
+        "--workers", type=int, default=0, help="run Locust distributed: one master and N worker processes"
+    )
+    load.add_argument("--report-dir", help="default: a new timestamped folder under ./reports/")
+    load.add_argument("--batch", type=int, default=1, help="rows per request")
+    load.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
+    load.add_argument("--step-users", type=int, help="step load: add this many users every --step-seconds")
+    load.add_argument("--step-seconds", type=float, default=10.0)
+    load.set_defaults(run=_load)
     return parser
 
 

@@ -42,7 +42,7 @@ def test_a_batch_over_the_pool_limit_is_unavailable_and_the_instance_keeps_servi
         with pytest.raises(InferenceServerException) as caught:
             grpc.infer("pool_limited", big, spec)
         message = str(caught.value)
-        assert "memory pool cannot hold this batch" in message and "pool limit 786432 bytes" in message
+        assert "memory pool cannot hold this batch" in message and "pool limit 393216 bytes" in message
         assert "UNAVAILABLE" in message or "StatusCode.UNAVAILABLE" in repr(caught.value)
         small = {"X": np.full((1, 16384), 3.0, dtype=np.float32)}
         np.testing.assert_array_equal(grpc.infer("pool_limited", small, spec)["Y"], small["X"] * 2)

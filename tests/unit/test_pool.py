@@ -8,7 +8,7 @@ import torch
 
 from pool import MemoryPool, OutOfMemory, PoolError, size_class
 from pool.errors import CudaUnavailable
-from pool.memory_pool import SLAB_SIZE
+from pool.memory_pool import SLAB_SIZE, SMALL_ARENA_BYTES
 from pool.resources.fake import FakeResource
 
 MiB = 2**20
@@ -116,19 +116,22 @@ def test_an_execution_scope_returns_its_blocks_and_records_its_peak():
 
 
 def test_at_a_quiet_moment_high_fragmentation_is_recycled_away():
-    pool = fake_pool(arena_bytes=16 * MiB)
+    pool = fake_pool(arena_bytes=64 * MiB)
     with pool.execution():
         for size in (1 * MiB, 2 * MiB, 4 * MiB, 300, 5000):
             pool.allocate(size)
     stats = pool.stats()
-    assert stats.fragmentation <= 0.10 and stats.largest_free_block == 16 * MiB
+    # Slabs stay in their own 2 MiB arena: only their free slots count as fragmented.
+    assert stats.fragmentation <= 0.10 and stats.largest_free_block == 64 * MiB
 
 
-def test_slabs_hold_many_small_blocks_in_one_buddy_block():
+def test_slabs_hold_many_small_blocks_in_one_buddy_block_of_a_small_arena():
     pool = fake_pool()
     blocks = [pool.allocate(1000) for _ in range(SLAB_SIZE // 1024)]
     assert len({b.ptr for b in blocks}) == len(blocks)
-    assert pool.stats().largest_free_block == 8 * MiB  # only one 256 KiB slab taken so far
+    stats = pool.stats()
+    assert stats.reserved_bytes == SMALL_ARENA_BYTES and stats.upstream_allocs == 1
+    assert stats.largest_free_block == SMALL_ARENA_BYTES // 2  # one 256 KiB slab taken so far
 
 
 def test_four_threads_lose_no_block_and_corrupt_no_stats():
