@@ -30,6 +30,10 @@ from clients.connection import Connection  # noqa: E402
 from clients.inputs import load_inputs, random_inputs  # noqa: E402
 
 
+class TritonRequestFailed(Exception):
+    """A failed inference as Locust reports it: the server's own message, not a bare class name."""
+
+
 class TritonUser(User):
     abstract = True
     protocol = "grpc"
@@ -57,7 +61,7 @@ class TritonUser(User):
             outputs = self.connection.infer(self.model, self.inputs, self.spec)
             length = sum(array.nbytes for array in outputs.values())
         except Exception as exc:  # every failure is reported to Locust, none ends the user
-            error = exc
+            error = TritonRequestFailed(str(exc) or type(exc).__name__)
         self.environment.events.request.fire(
             request_type=self.protocol,
             name=self.model,

@@ -1,0 +1,73 @@
+"""The measuring tools against a real server: the sweep, and Locust (each user class,
+distributed, and a run that fails)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from clients.locust_run import LoadSettings, run_load
+from clients.sweep import Sweep, SweepSettings
+
+
+def test_a_short_sweep_returns_sane_figures(server):
+    settings = SweepSettings(
+        "encoder", protocol="grpc", url=server.config.grpc_url, concurrency=(1, 8),
+        window_s=2.0, warmup_s=1.0, max_windows=3,
+    )  # fmt: skip
+    low, high = Sweep(settings).run()
+    for level in (low, high):
+        assert level.errors == 0 and level.throughput > 0 and level.requests > 0
+        assert level.p50_ms <= level.p99_ms
+        assert level.compute_infer_us > 0
+    assert high.avg_batch > 1.0, "the dynamic batcher formed no batch at concurrency 8"
+    assert high.throughput > low.throughput
+
+
+def test_an_open_loop_sweep_holds_its_request_rate(server):
+    settings = SweepSettings(
+        "encoder",
+        url=server.config.grpc_url,
+        request_rates=(20.0,),
+        window_s=2.0,
+        warmup_s=0.5,
+        max_windows=2,
+    )
+    [level] = Sweep(settings).run()
+    assert level.errors == 0 and 16 <= level.throughput <= 24
+
+
+def test_each_locust_user_class_records_requests_and_no_failures(server, tmp_path):
+    for protocol, url in (("grpc", server.config.grpc_url), ("http", server.config.http_url)):
+        summary = run_load(
+            LoadSettings("encoder", users=4, spawn_rate=4, duration="15s", protocol=protocol, url=url,
+                         report_dir=tmp_path / protocol)
+        )  # fmt: skip
+        assert summary.requests > 100 and summary.failures == 0, protocol
+        assert summary.verdict(p99_bound_ms=None) == []
+        assert (tmp_path / protocol / "report.html").is_file()
+
+
+def test_a_distributed_run_records_requests_from_both_workers(server, tmp_path):
+    summary = run_load(
+        LoadSettings("encoder", users=4, spawn_rate=4, duration="10s", url=server.config.grpc_url,
+                     workers=2, report_dir=tmp_path)
+    )  # fmt: skip
+    assert summary.failures == 0 and summary.requests > 0
+    assert len(summary.by_worker) == 2 and all(count > 0 for count in summary.by_worker.values())
+
+
+def test_a_run_whose_requests_are_rejected_ends_non_zero_with_the_failures(server, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"INPUT_IDS": [[99999] * 128]}))
+    done = subprocess.run(
+        [sys.executable, "-m", "tidepool.cli", "load", "encoder", "--url", server.config.grpc_url,
+         "--users", "2", "--spawn-rate", "2", "--duration", "3s", "--input-data", str(bad),
+         "--report-dir", str(tmp_path / "report")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "FAILED:" in done.stderr and "requests failed" in done.stderr
+    failures = (tmp_path / "report" / "locust_failures.csv").read_text()
+    assert "value 99999 is outside the allowed range" in failures
