@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: venv serve test test-slow test-gpu lint bench clean
+.PHONY: venv serve test test-slow test-gpu lint perf-analyzer clean
 
 venv: $(STAMP)
 
@@ -33,9 +33,12 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	bash benchmarks/gpu_check.sh
 
+perf-analyzer: $(STAMP)
+	bash benchmarks/get_perf_analyzer.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info reports
+	rm -rf $(VENV) .pytest_cache build *.egg-info reports .tools

@@ -6,6 +6,15 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+TEST_MODELS = REPO_ROOT / "tests" / "integration" / "models"
+
+
+def linked_repository(root: Path) -> Path:
+    """The example models plus the test models, linked into one repository at `root`."""
+    for model in [*MODEL_REPOSITORY.iterdir(), *TEST_MODELS.iterdir()]:
+        if (model / "config.pbtxt").is_file():
+            (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    return root
 
 
 def cuda_available() -> bool:

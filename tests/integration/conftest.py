@@ -8,7 +8,7 @@ import pytest
 
 from backend.server import ServerConfig, TritonServer, free_port
 from clients.connection import Connection
-from tests.conftest import MODEL_REPOSITORY
+from tests.conftest import MODEL_REPOSITORY, linked_repository
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:
@@ -26,17 +26,9 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-TEST_MODELS = Path(__file__).parent / "models"
-
-
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
-    """The example models plus the test models, linked into one repository."""
-    root = tmp_path_factory.mktemp("repository")
-    for model in [*MODEL_REPOSITORY.iterdir(), *TEST_MODELS.iterdir()]:
-        if (model / "config.pbtxt").is_file():
-            (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
-    return root
+    return linked_repository(tmp_path_factory.mktemp("repository"))
 
 
 @pytest.fixture(scope="session")
