@@ -54,6 +54,19 @@ def _batch_sizes_param(model: ModelSpec) -> tuple[int, ...]:
     return sizes
 
 
+def apply_precision(module: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """The module in the precision it will run in (weights converted once, at load)."""
+    if precision == "bf16":
+        return module.to(torch.bfloat16)
+    if precision == "fp16":
+        return module.to(torch.float16)
+    if precision == "int8":
+        # The fused fast path of nn.Transformer* layers reads float weights; quantized Linear has none.
+        torch.backends.mha.set_fastpath_enabled(False)
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
+    return module
+
+
 @dataclass(frozen=True)
 class InstanceSettings:
     """Backend parameters of config.pbtxt that shape how an instance runs (README lists them)."""
@@ -61,6 +74,7 @@ class InstanceSettings:
     torch_threads: int
     allow_nonfinite: bool
     device: str  # "cpu" or "cuda"
+    precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
     pool_enabled: bool
     pool_kind: str
     pool_limit_bytes: int | None
@@ -75,6 +89,11 @@ class InstanceSettings:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         elif device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("parameter DEVICE is cuda, but torch sees no CUDA device here")
+        precision = model.choice_param("PRECISION", ("fp32", "bf16", "fp16", "int8"), "fp32")
+        if precision == "fp16" and device == "cpu":
+            raise ConfigError("parameter PRECISION: fp16 is for GPU instances; use bf16 or int8 on the CPU")
+        if precision == "int8" and device == "cuda":
+            raise ConfigError("parameter PRECISION: int8 (dynamic quantization) runs on the CPU only")
         threshold_text = model.param("POOL_FRAGMENTATION_THRESHOLD", "0.10")
         try:
             threshold = float(threshold_text)
@@ -86,6 +105,7 @@ class InstanceSettings:
             torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
+            precision=precision,
             pool_enabled=model.choice_param("POOL", ("on", "off"), "on") == "on",
             pool_kind=model.choice_param("POOL_KIND", ("auto", "host", "pinned", "cuda"), "auto"),
             pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
@@ -121,7 +141,8 @@ class ModelInstance:
         self.pools = [p for p in (self.pool, self.staging) if p is not None]
         if len(self.pools) == 2 and self.pools[0] is self.pools[1]:
             self.pools.pop()
-        self.module = module.to(self.device)
+        self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
+        self.module = apply_precision(module, settings.precision).to(self.device)
         self.batches_run: list[int] = []  # rows of each forward pass of the last execute
 
     @classmethod
@@ -231,6 +252,8 @@ class ModelInstance:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
         tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.compute_dtype is not None:
+            tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
         if self.device.type == "cuda":
             # From pinned staging (or pageable memory when the pool is off) onto the device.
             tensors = [t.to(self.device, non_blocking=True) for t in tensors]

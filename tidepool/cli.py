@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from backend.config import parse_bytes
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -99,6 +102,76 @@ def _load(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"tidepool load: FAILED: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _run_profile(model_dir: Path, args: argparse.Namespace):
+    from backend.profiler import profile_model
+    from clients.sweep import progress_printer
+
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    profile = profile_model(
+        model_dir,
+        sizes,
+        device=args.device,
+        precision=args.precision,
+        max_latency_ms=args.max_latency_ms,
+        memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+        trace_path=Path(args.trace) if getattr(args, "trace", None) else None,
+        progress=progress_printer,
+    )
+    print(file=sys.stderr)
+    return profile
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from backend.profiler import format_report, write_report
+
+    model_dir = Path(args.model_dir)
+    profile = _run_profile(model_dir, args)
+    out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}.json")
+    written = write_report(profile, out)
+    print(format_report(profile))
+    print("wrote " + ", ".join(str(p) for p in written) + (f", {args.trace}" if args.trace else ""))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from backend.planner import Budgets, PlanError, plan, write_plan
+    from backend.profiler import Profile
+
+    model_dir = Path(args.model_dir)
+    if args.profile:
+        profile = Profile.from_json(Path(args.profile).read_text())
+    else:
+        print(f"no --profile given: profiling {model_dir} first", file=sys.stderr)
+        profile = _run_profile(model_dir, args)
+    budgets = Budgets(
+        memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
+        latency_ms=args.latency_budget_ms,
+        headroom=args.headroom,
+        cores=args.cores or os.cpu_count() or 1,
+    )
+    try:
+        result = plan(profile, budgets)
+    except PlanError as exc:
+        print(f"tidepool plan: impossible: {exc}. Nothing was written.", file=sys.stderr)
+        return 2
+    print(f"plan for {model_dir.name} ({profile.device}, {profile.precision}):")
+    print(result.describe())
+    if args.write:
+        path = write_plan(model_dir, profile, budgets, result)
+        print(f"wrote {path}")
+    else:
+        print("(dry run: --write writes config.pbtxt)")
+    return 0
+
+
+def _add_profile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="default: %(default)s")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32")
+    parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
+    parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +272,28 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--step-users", type=int, help="step load: add this many users every --step-seconds")
     load.add_argument("--step-seconds", type=float, default=10.0)
     load.set_defaults(run=_load)
+
+    profile = commands.add_parser("profile", help="measure memory and latency per batch size")
+    profile.add_argument("model_dir", help="a model directory (with config.pbtxt)")
+    _add_profile_options(profile)
+    profile.add_argument(
+        "--out",
+        help="profile JSON (default: profiles/MODEL-DEVICE-PRECISION.json); "
+        "report and plots are written beside it",
+    )
+    profile.add_argument("--trace", metavar="FILE", help="also write a Chrome trace of one batch")
+    profile.set_defaults(run=_profile)
+
+    plan = commands.add_parser("plan", help="choose batcher settings from a profile and budgets")
+    plan.add_argument("model_dir")
+    plan.add_argument("--memory-budget", required=True, help="e.g. 2GiB")
+    plan.add_argument("--latency-budget-ms", type=float, required=True)
+    plan.add_argument("--headroom", type=float, default=0.8, help="share of the memory budget to use")
+    plan.add_argument("--cores", type=int, help="CPU cores for instances (default: this machine's)")
+    plan.add_argument("--profile", help="a profile JSON from `tidepool profile` (default: profile now)")
+    plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
+    _add_profile_options(plan)
+    plan.set_defaults(run=_plan)
     return parser
 
 
