@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: venv serve test test-slow test-gpu lint perf-analyzer clean
+.PHONY: venv serve test test-slow test-gpu lint perf-analyzer configs clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	bash benchmarks/gpu_check.sh
+
+# The example models' config.pbtxt, from a profile of this machine and these budgets.
+configs: $(STAMP)
+	$(BIN)/tidepool plan model_repository/encoder --memory-budget 1GiB --latency-budget-ms 100 --write
+	$(BIN)/tidepool plan model_repository/convnet --memory-budget 1GiB --latency-budget-ms 250 --write
 
 perf-analyzer: $(STAMP)
 	bash benchmarks/get_perf_analyzer.sh

@@ -1,5 +1,6 @@
 """Loads the torch model a config names, from inside the model's own directory only: a
-TorchScript file (`TORCHSCRIPT`) or a Python factory `module:function` (`MODEL_FACTORY`)."""
+TorchScript file (`TORCHSCRIPT`) or a Python factory `module:function` (`MODEL_FACTORY`), with
+optional weights (`WEIGHTS`, a state dict read with `weights_only=True`: tensors, never code)."""
 
 from __future__ import annotations
 
@@ -76,4 +77,12 @@ def load_model(model_dir: Path | str, model: ModelSpec) -> torch.nn.Module:
             module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:
             raise ModelLoadError(f"loading TorchScript {path} failed: {exc}") from exc
+    weights = model.param("WEIGHTS")
+    if weights:
+        path = resolve_inside(model_dir, weights, "WEIGHTS file")
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            module.load_state_dict(state)
+        except Exception as exc:
+            raise ModelLoadError(f"loading WEIGHTS {path} failed: {exc}") from exc
     return module.eval()

@@ -28,6 +28,9 @@ class Budgets:
     latency_ms: float
     headroom: float = 0.8  # use at most this share of the memory budget
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
+    # default_queue_policy roughly halved this backend's throughput (see README).
+    bounded_queue: bool = False
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Plan:
     instance_count: int
     max_queue_size: int
     queue_timeout_us: int
+    bounded_queue: bool
     pool_initial_bytes: int
     pool_limit_bytes: int
     reasons: dict[str, str]
@@ -134,6 +138,10 @@ def plan(profile: Profile, budgets: Budgets) -> Plan:
         f"fit in {budgets.latency_ms} ms"
     )
     reasons["queue_timeout_us"] = "a request queued for the whole latency budget is rejected, not served late"
+    if not budgets.bounded_queue:
+        note = " (not written: pass --bounded-queue; a queue policy halves throughput on tritonserver 2.51)"
+        reasons["max_queue_size"] += note
+        reasons["queue_timeout_us"] += note
 
     limit = int(budgets.memory_bytes / instances)
     initial = min(limit, int(1.25 * (per_instance - profile.static_bytes)))
@@ -146,6 +154,7 @@ def plan(profile: Profile, budgets: Budgets) -> Plan:
         instance_count=instances,
         max_queue_size=queue_size,
         queue_timeout_us=int(budgets.latency_ms * 1000),
+        bounded_queue=budgets.bounded_queue,
         pool_initial_bytes=initial,
         pool_limit_bytes=limit,
         reasons=reasons,
@@ -161,11 +170,13 @@ def planned_config(existing: model_config_pb2.ModelConfig, result: Plan) -> mode
     del batching.preferred_batch_size[:]
     batching.preferred_batch_size.extend(result.preferred_batch_sizes)
     batching.max_queue_delay_microseconds = result.max_queue_delay_us
-    policy = batching.default_queue_policy
-    policy.max_queue_size = result.max_queue_size
-    policy.timeout_action = model_config_pb2.ModelQueuePolicy.REJECT
-    policy.default_timeout_microseconds = result.queue_timeout_us
-    policy.allow_timeout_override = False
+    batching.ClearField("default_queue_policy")
+    if result.bounded_queue:
+        policy = batching.default_queue_policy
+        policy.max_queue_size = result.max_queue_size
+        policy.timeout_action = model_config_pb2.ModelQueuePolicy.REJECT
+        policy.default_timeout_microseconds = result.queue_timeout_us
+        policy.allow_timeout_override = False
     if not config.instance_group:
         config.instance_group.add()
     for group in config.instance_group:

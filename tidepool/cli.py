@@ -150,6 +150,7 @@ def _plan(args: argparse.Namespace) -> int:
         latency_ms=args.latency_budget_ms,
         headroom=args.headroom,
         cores=args.cores or os.cpu_count() or 1,
+        bounded_queue=args.bounded_queue,
     )
     try:
         result = plan(profile, budgets)
@@ -292,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--cores", type=int, help="CPU cores for instances (default: this machine's)")
     plan.add_argument("--profile", help="a profile JSON from `tidepool profile` (default: profile now)")
     plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
+    plan.add_argument(
+        "--bounded-queue",
+        action="store_true",
+        help="also write the queue policy (max_queue_size, REJECT after the latency budget); "
+        "off by default, see README",
+    )
     _add_profile_options(plan)
     plan.set_defaults(run=_plan)
     return parser

@@ -59,3 +59,31 @@ def test_missing_function_and_wrong_return_type_are_named(tmp_path):
 def test_exactly_one_source_must_be_named(tmp_path):
     with pytest.raises(ConfigError, match="exactly one of"):
         load_model(tiny_model_dir(tmp_path), spec_with())
+
+
+def test_weights_load_as_tensors_only(tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "lin.py").write_text(
+        "import torch\ndef build():\n    torch.manual_seed(1)\n    return torch.nn.Linear(2, 2)\n"
+    )
+    trained = torch.nn.Linear(2, 2)
+    torch.save(trained.state_dict(), model_dir / "weights.pt")
+    module = load_model(model_dir, spec_with(MODEL_FACTORY="lin:build", WEIGHTS="weights.pt"))
+    assert torch.equal(module.weight, trained.weight)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_weights_that_carry_code_are_refused(tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "lin.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    torch.save({"weight": Payload()}, model_dir / "evil.pt")
+    with pytest.raises(
+        ModelLoadError, match="loading WEIGHTS .*evil.pt failed: .*[Ww]eights only load failed"
+    ):
+        load_model(model_dir, spec_with(MODEL_FACTORY="lin:build", WEIGHTS="evil.pt"))

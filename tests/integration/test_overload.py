@@ -1,0 +1,72 @@
+"""Overload and cancellation against the `slow` test model (50 ms a batch of up to 4, a queue of
+at most 8 that rejects): a burst is met by fast rejections, not a growing queue; cancelled
+requests still queued are not executed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.utils import InferenceServerException
+
+from clients.metrics import scrape, value
+
+
+def rows_executed(server) -> float:
+    return value(scrape(server.config.metrics_url), "tidepool_batch_size_sum", model="slow")
+
+
+async def send(client, seconds: float | None = None) -> tuple[bool, float, str]:
+    tensor = grpc_aio.InferInput("X", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.int32))
+    began = time.perf_counter()
+    try:
+        await client.infer("slow", [tensor], client_timeout=seconds)
+        return True, time.perf_counter() - began, ""
+    except InferenceServerException as exc:
+        return False, time.perf_counter() - began, str(exc)
+
+
+def test_a_burst_above_capacity_is_rejected_fast_and_latency_recovers(server):
+    async def scenario():
+        client = grpc_aio.InferenceServerClient(server.config.grpc_url)
+        baseline = (await send(client))[1]
+        burst = await asyncio.gather(*(send(client) for _ in range(64)))
+        after = [(await send(client))[1] for _ in range(3)]
+        await client.close()
+        return baseline, burst, after
+
+    baseline, burst, after = asyncio.run(scenario())
+    served = [latency for ok, latency, _ in burst if ok]
+    rejected = [(latency, error) for ok, latency, error in burst if not ok]
+    assert rejected, "64 requests at once fit a queue of 8: nothing was rejected"
+    assert all("queue" in error.lower() or "timeout" in error.lower() for _, error in rejected), rejected[:3]
+    assert np.median([latency for latency, _ in rejected]) < 0.5  # rejections come fast
+    assert served and max(served) < 2.0  # the bounded queue bounds the wait
+    assert min(after) < baseline + 0.2  # back to normal once the burst is over
+    assert server.is_ready()
+
+
+def test_cancelled_requests_that_are_still_queued_are_not_executed(server):
+    async def scenario():
+        client = grpc_aio.InferenceServerClient(server.config.grpc_url)
+        before = rows_executed(server)
+        # Four requests fill the first batch; the next four wait behind it and are cancelled
+        # (client timeout) while still queued; then one more request after they are gone.
+        first = [asyncio.ensure_future(send(client)) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        cancelled = await asyncio.gather(*(send(client, seconds=0.02) for _ in range(4)))
+        done = await asyncio.gather(*first)
+        last = await send(client)
+        await asyncio.sleep(0.2)
+        after = rows_executed(server)
+        await client.close()
+        return before, cancelled, done, last, after
+
+    before, cancelled, done, last, after = asyncio.run(scenario())
+    assert all(ok for ok, _, _ in done) and last[0]
+    assert not any(ok for ok, _, _ in cancelled)
+    executed = after - before
+    assert executed == 5, f"{executed} rows ran for the 5 requests that were not cancelled"
