@@ -66,6 +66,12 @@ PLAN_FIELDS = [
 ]
 
 
+def worst_latency_ms(point) -> float:
+    """A request can arrive just after a batch started: it waits for that batch (a typical one,
+    p50) and then runs in its own (the tail, p99)."""
+    return point.latency_p50_ms + point.latency_p99_ms
+
+
 def plan(profile: Profile, budgets: Budgets) -> Plan:
     """Settings from measurements: the largest batch that fits memory and leaves room in the
     latency budget; instances from memory and cores; a bounded queue that rejects overload."""
@@ -79,23 +85,23 @@ def plan(profile: Profile, budgets: Budgets) -> Plan:
             f"{usable / MIB:.1f} MiB"
         )
     points = sorted(profile.points, key=lambda p: p.batch)
-    # A request can wait for the batch before it and then run in its own: two compute times.
-    if 2 * points[0].latency_p99_ms > budgets.latency_ms:
+    first = points[0]
+    if worst_latency_ms(first) > budgets.latency_ms:
         raise PlanError(
-            f"batch 1 already takes {points[0].latency_p99_ms:.1f} ms at p99; a request may wait for one "
-            f"batch and run in the next, so the latency budget must be at least "
-            f"{2 * points[0].latency_p99_ms:.1f} ms (it is {budgets.latency_ms} ms)"
+            f"batch 1 already takes {first.latency_p99_ms:.1f} ms at p99; a request may wait for the batch "
+            f"before it (p50 {first.latency_p50_ms:.1f} ms) and then run its own, so the latency budget must "
+            f"be at least {worst_latency_ms(first):.1f} ms (it is {budgets.latency_ms} ms)"
         )
     fits = [
         p for p in points
-        if profile.predict_bytes(p.batch) <= usable and 2 * p.latency_p99_ms <= budgets.latency_ms
+        if profile.predict_bytes(p.batch) <= usable and worst_latency_ms(p) <= budgets.latency_ms
     ]  # fmt: skip
     chosen = max(fits, key=lambda p: p.batch)
     memory_limited = any(profile.predict_bytes(p.batch) > usable for p in points if p.batch > chosen.batch)
     reasons = {
         "max_batch_size": (
             f"largest profiled batch with predicted peak {profile.predict_bytes(chosen.batch) / MIB:.1f} MiB "
-            f"<= {usable / MIB:.1f} MiB and 2 x p99 {2 * chosen.latency_p99_ms:.1f} ms <= "
+            f"<= {usable / MIB:.1f} MiB and p50 + p99 {worst_latency_ms(chosen):.1f} ms <= "
             f"{budgets.latency_ms} ms" + (" (memory stops the next size)" if memory_limited else "")
         )
     }
@@ -110,7 +116,7 @@ def plan(profile: Profile, budgets: Budgets) -> Plan:
         else "no size is clearly faster than a larger one"
     )  # fmt: skip
 
-    slack_ms = budgets.latency_ms - 2 * chosen.latency_p99_ms
+    slack_ms = budgets.latency_ms - worst_latency_ms(chosen)
     # Waiting longer than one batch's compute time only adds latency: it does not fill batches faster.
     delay_ms = max(0.0, min(slack_ms, chosen.latency_p50_ms))
     reasons["max_queue_delay_us"] = (

@@ -42,6 +42,7 @@ def run_closed_loop(
     duration_s: float = 10.0,
     batch: int = 1,
     max_requests: int | None = None,
+    retries: int = 0,
 ) -> LoadResult:
     """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first."""
     result = LoadResult(concurrency, duration_s, batch=batch)
@@ -63,11 +64,11 @@ def run_closed_loop(
                     sent[0] += 1
                 began = time.perf_counter()
                 try:
-                    connection.infer(model, inputs, spec)
+                    connection.infer_with_retries(model, inputs, spec, retries=retries)
                     latency = (time.perf_counter() - began) * 1e3
                     with lock:
                         result.latencies_ms.append(latency)
-                except InferenceServerException as exc:
+                except (InferenceServerException, OSError) as exc:
                     with lock:
                         result.errors.append(str(exc))
 

@@ -3,12 +3,14 @@ numpy inputs, get numpy outputs. Errors come back as tritonclient's InferenceSer
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from backend.config import ModelSpec, parse_model_config
 
@@ -44,6 +46,28 @@ class Connection:
         else:
             config = self.client.get_model_config(model, as_json=True)["config"]
         return parse_model_config(config)
+
+    def infer_with_retries(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        spec: ModelSpec,
+        retries: int = 0,
+        backoff_s: float = 0.1,
+    ) -> dict[str, np.ndarray]:
+        """`infer`, retried with exponential backoff (capped at 2 s) while the server is
+        unreachable or unavailable; other errors (a bad request) are raised at once."""
+        for attempt in range(retries + 1):
+            try:
+                return self.infer(model, inputs, spec)
+            except (InferenceServerException, ConnectionError, OSError) as exc:
+                unavailable = not isinstance(exc, InferenceServerException) or "UNAVAILABLE" in str(
+                    exc.status()
+                )
+                if not unavailable or attempt == retries:
+                    raise
+                time.sleep(min(2.0, backoff_s * 2**attempt))
+        raise AssertionError("unreachable")
 
     def infer(
         self, model: str, inputs: dict[str, np.ndarray], spec: ModelSpec, timeout_s: float | None = None

@@ -1,0 +1,116 @@
+"""Heavy reliability checks, run by `make test-slow`: a soak, a killed stub, a restarted server.
+Each prints its figures (pytest -s shows them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from backend.server import TritonServer
+from clients.closed_loop import run_closed_loop
+from clients.metrics import scrape, value
+from tests.integration.conftest import server_config
+
+pytestmark = pytest.mark.slow
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def stub_pid(server: TritonServer, model: str) -> int:
+    out = subprocess.run(
+        ["pgrep", "-f", f"triton_python_backend_stub .*/{model}/"], capture_output=True, text=True
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids, f"no stub process for {model}"
+    return pids[0]
+
+
+def test_soak_50000_requests_keep_memory_flat(server):
+    url, total, chunk = server.config.grpc_url, 50_000, 5_000
+    run_closed_loop("encoder", url, concurrency=16, duration_s=5)  # warm-up
+    stub = stub_pid(server, "encoder")
+    samples = []  # (requests so far, server RSS, stub RSS, pool reserved)
+    done, failures = 0, 0
+    while done < total:
+        load = run_closed_loop("encoder", url, concurrency=16, duration_s=600, max_requests=chunk)
+        done += len(load.latencies_ms) + len(load.errors)
+        failures += len(load.errors)
+        reserved = value(scrape(server.config.metrics_url), "tidepool_pool_reserved_bytes", model="encoder")
+        samples.append((done, rss_bytes(server.process.pid), rss_bytes(stub), reserved))
+    figures = np.array(samples, dtype=float)
+    slope_stub = np.polyfit(figures[1:, 0], figures[1:, 2], 1)[0]  # bytes per request after warm-up
+    slope_server = np.polyfit(figures[1:, 0], figures[1:, 1], 1)[0]
+    print(f"\nsoak: {done} requests, {failures} failures")
+    for name, column, slope in (("stub", 2, slope_stub), ("server", 1, slope_server)):
+        start, end = figures[0, column] / 2**20, figures[-1, column] / 2**20
+        print(f"  {name} RSS {start:.1f} -> {end:.1f} MiB, slope {slope:.2f} bytes/request")
+    print(f"  pool reserved {figures[0, 3] / 2**20:.1f} -> {figures[-1, 3] / 2**20:.1f} MiB")
+    assert failures == 0
+    assert figures[-1, 3] == figures[0, 3]  # the pool reserved nothing more
+    assert slope_stub < 50 and slope_server < 50  # under 2.5 MB over 50,000 requests
+
+
+def test_a_killed_stub_is_restarted_and_serving_resumes(tmp_path):
+    from tests.conftest import MODEL_REPOSITORY
+
+    (tmp_path / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
+    with TritonServer(server_config(tmp_path)) as server:
+        url = server.config.grpc_url
+        results = {}
+        loader = threading.Thread(
+            target=lambda: results.setdefault(
+                "load", run_closed_loop("encoder", url, concurrency=4, duration_s=30)
+            )
+        )
+        loader.start()
+        time.sleep(5)
+        old = stub_pid(server, "encoder")
+        os.kill(old, signal.SIGKILL)
+        loader.join()
+        load = results["load"]
+        after = run_closed_loop("encoder", url, concurrency=4, duration_s=3)
+        new = stub_pid(server, "encoder")
+    print(
+        f"\nstub kill: {len(load.latencies_ms)} served, {len(load.errors)} errors during 30 s; first error: "
+        f"{load.errors[0][:120] if load.errors else '-'}; after: {len(after.latencies_ms)} served, "
+        f"{len(after.errors)} errors; stub pid {old} -> {new}"
+    )
+    assert new != old and after.errors == [] and len(after.latencies_ms) > 0
+    assert len(load.errors) <= 4 * 3  # only requests in flight (and the restart) fail
+
+
+def test_clients_with_retries_ride_out_a_server_restart(tmp_path):
+    from tests.conftest import MODEL_REPOSITORY
+
+    (tmp_path / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
+    config = server_config(tmp_path)
+    server = TritonServer(config).start()
+    results = {}
+    loader = threading.Thread(
+        target=lambda: results.setdefault(
+            "load", run_closed_loop("encoder", config.grpc_url, concurrency=4, duration_s=45, retries=8)
+        )
+    )
+    loader.start()
+    time.sleep(5)
+    server.stop()
+    time.sleep(2)
+    server = TritonServer(config).start()
+    loader.join()
+    server.stop()
+    load = results["load"]
+    print(
+        f"\nrestart: {len(load.latencies_ms)} served, {len(load.errors)} errors, max latency "
+        f"{max(load.latencies_ms) / 1e3:.1f} s (the retried requests)"
+    )
+    assert load.errors == [] and len(load.latencies_ms) > 100
