@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow -s $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)
 	bash benchmarks/gpu_check.sh
