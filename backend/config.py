@@ -27,6 +27,11 @@ TRITON_TO_NUMPY: dict[str, np.dtype] = {
 TRITON_TO_WIRE: dict[str, str] = {k: k.removeprefix("TYPE_") for k in TRITON_TO_NUMPY}
 
 
+def dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """Whether a shape fits declared dims, where -1 takes any size."""
+    return len(shape) == len(dims) and all(want in (-1, got) for got, want in zip(shape, dims, strict=True))
+
+
 class ConfigError(ValueError):
     """The model's config.pbtxt asks for something the backend cannot do."""
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from backend.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
-from backend.config import ConfigError, ModelSpec, parse_model_config
+from backend.config import ConfigError, ModelSpec, dims_match, parse_model_config
 from backend.loader import load_model
 from backend.validation import RequestError, validate_request
 from pool import MemoryPool, OutOfMemory
@@ -122,6 +122,7 @@ class ModelInstance:
         self.device = torch.device(settings.device)
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
+        self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
         if settings.pool_enabled:
             kind = settings.pool_kind
             if kind == "auto":
@@ -137,10 +138,7 @@ class ModelInstance:
                 self.staging = MemoryPool("pinned", limit_bytes=settings.pool_limit_bytes)
                 if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
                     self.pool.resource.set_as_device_default()  # torch's own allocations too
-        # Each pool once: a host instance gathers in its one pool.
-        self.pools = [p for p in (self.pool, self.staging) if p is not None]
-        if len(self.pools) == 2 and self.pools[0] is self.pools[1]:
-            self.pools.pop()
+            self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.module = apply_precision(module, settings.precision).to(self.device)
         self.batches_run: list[int] = []  # rows of each forward pass of the last execute
@@ -195,13 +193,12 @@ class ModelInstance:
 
     def _run_batch(self, requests: list[dict[str, np.ndarray]], batch_sizes: list[int]) -> list[Result]:
         """One forward pass for these requests; a GPU out-of-memory retries them as two halves."""
+        allocate = self._pool_allocate if self.pools else numpy_allocate
         try:
-            if self.pool is None:
-                return self._forward_split(requests, batch_sizes, numpy_allocate)
             with ExitStack() as scopes:
                 for pool in self.pools:
                     scopes.enter_context(pool.execution())
-                return self._forward_split(requests, batch_sizes, self._pool_allocate)
+                return self._forward_split(requests, batch_sizes, allocate)
         except OutOfMemory as error:
             return [self._pool_exhausted(error)] * len(requests)
         except torch.OutOfMemoryError as error:
@@ -291,9 +288,7 @@ class ModelInstance:
     @staticmethod
     def _check_shape(spec, shape: tuple[int, ...], rows: int | None) -> None:
         expected = ((rows,) if rows is not None else ()) + spec.dims
-        if len(shape) != len(expected) or any(
-            want != -1 and got != want for got, want in zip(shape, expected, strict=True)
-        ):
+        if not dims_match(shape, expected):
             raise RuntimeError(
                 f"output {spec.name} has shape {list(shape)}, the config declares {list(expected)}"
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backend.config import ModelSpec, TensorSpec
+from backend.config import ModelSpec, TensorSpec, dims_match
 
 
 class RequestError(ValueError):
@@ -24,9 +24,7 @@ def _check_dims(spec: TensorSpec, shape: tuple[int, ...], batched: bool) -> None
     sample_shape = shape[1:] if batched else shape
     expected = spec.dims
     wanted = ("[batch, " + spec.dims_text()[1:]) if batched else spec.dims_text()
-    if len(sample_shape) != len(expected) or any(
-        want != -1 and got != want for got, want in zip(sample_shape, expected, strict=True)
-    ):
+    if not dims_match(sample_shape, expected):
         raise RequestError(
             f"input {spec.name}: shape {_shape_text(shape)} does not match the model's {wanted}"
         )

@@ -17,6 +17,18 @@ from backend.config import ModelSpec, parse_model_config
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
 
 
+TRANSIENT_MESSAGES = ("has no available versions", "is not ready", "unavailable")
+
+
+def is_transient(error: Exception) -> bool:
+    """Errors a retry can outlive: the server unreachable, unavailable, or between unloading and
+    loading the model (a restart or reload)."""
+    if not isinstance(error, InferenceServerException):
+        return True  # connection refused or reset
+    text = f"{error.status()} {error.message()}".lower()
+    return any(message in text for message in TRANSIENT_MESSAGES)
+
+
 @dataclass
 class Connection:
     """A client for one server over one protocol."""
@@ -56,15 +68,13 @@ class Connection:
         backoff_s: float = 0.1,
     ) -> dict[str, np.ndarray]:
         """`infer`, retried with exponential backoff (capped at 2 s) while the server is
-        unreachable or unavailable; other errors (a bad request) are raised at once."""
+        unreachable, unavailable, or has the model unloaded (as during a restart); other errors
+        (a bad request) are raised at once."""
         for attempt in range(retries + 1):
             try:
                 return self.infer(model, inputs, spec)
             except (InferenceServerException, ConnectionError, OSError) as exc:
-                unavailable = not isinstance(exc, InferenceServerException) or "UNAVAILABLE" in str(
-                    exc.status()
-                )
-                if not unavailable or attempt == retries:
+                if not is_transient(exc) or attempt == retries:
                     raise
                 time.sleep(min(2.0, backoff_s * 2**attempt))
         raise AssertionError("unreachable")

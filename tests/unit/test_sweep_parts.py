@@ -53,3 +53,14 @@ def test_reports_are_written_as_csv_json_and_png(tmp_path):
     assert paths[2].read_bytes()[:4] == b"\x89PNG"
     table = format_table(results).splitlines()
     assert "infer/s" in table[0] and "200.0" in table[2]
+
+
+def test_transient_errors_are_told_apart_from_bad_requests():
+    from tritonclient.utils import InferenceServerException
+
+    from clients.connection import is_transient
+
+    assert is_transient(ConnectionRefusedError())
+    assert is_transient(InferenceServerException("x", status="StatusCode.UNAVAILABLE"))
+    assert is_transient(InferenceServerException("Request for unknown model: 'e' has no available versions"))
+    assert not is_transient(InferenceServerException("input IDS: value 500 is outside", status="400"))
