@@ -162,6 +162,17 @@ class ServerConfig:
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
 
+    @classmethod
+    def on_free_ports(cls, model_repository: Path, **settings) -> ServerConfig:
+        """Loopback ports nothing listens on now: for tests, benchmarks and side-by-side servers."""
+        return cls(
+            model_repository,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            **settings,
+        )
+
     @property
     def http_url(self) -> str:
         return f"{self._url_host}:{self.http_port}"

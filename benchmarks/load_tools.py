@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.connection import Connection
 from clients.inputs import random_inputs
 from clients.locust_run import LoadSettings, run_load
@@ -54,12 +54,7 @@ def main() -> None:
         workdir = Path(tmp)
         repository = workdir / "repository"
         repository.mkdir()
-        config = ServerConfig(
-            linked_repository(repository),
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-        )
+        config = ServerConfig.on_free_ports(linked_repository(repository))
         with TritonServer(config) as server:
             url = server.config.grpc_url
             settings = SweepSettings(

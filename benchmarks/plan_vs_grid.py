@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from backend.config import read_config_pbtxt
 from backend.planner import Budgets, plan, write_plan
 from backend.profiler import profile_model
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.sweep import Sweep, SweepSettings
 from tests.conftest import MODEL_REPOSITORY
 
@@ -67,10 +67,9 @@ def main() -> None:
         planning_s = time.perf_counter() - began
         planned = read_config_pbtxt(model_dir / "config.pbtxt")
 
-        config = ServerConfig(
-            repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-            extra_args=["--model-control-mode=explicit", f"--load-model={args.model}"],
-        )  # fmt: skip
+        config = ServerConfig.on_free_ports(
+            repository, extra_args=["--model-control-mode=explicit", f"--load-model={args.model}"]
+        )
         rows = []
         with TritonServer(config) as server:
             grid_began = time.perf_counter()

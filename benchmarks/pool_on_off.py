@@ -15,7 +15,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.closed_loop import run_closed_loop
 from tests.conftest import MODEL_REPOSITORY
 
@@ -41,7 +41,7 @@ def main() -> None:
         for model in ("encoder", "convnet"):
             copy_model(MODEL_REPOSITORY / model, root, f"{model}_pool_on", "on")
             copy_model(MODEL_REPOSITORY / model, root, f"{model}_pool_off", "off")
-        config = ServerConfig(root, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+        config = ServerConfig.on_free_ports(root)
         rows = []
         with TritonServer(config) as server:
             url = server.config.grpc_url

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.connection import Connection
 from tests.conftest import linked_repository
 from tests.integration.bad_requests import CASES, MODELS
@@ -17,8 +17,7 @@ from tests.integration.bad_requests import CASES, MODELS
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        config = ServerConfig(linked_repository(Path(tmp)), http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port())  # fmt: skip
+        config = ServerConfig.on_free_ports(linked_repository(Path(tmp)))
         with TritonServer(config) as server:
             print("| case | protocol | model | error seen |\n| --- | --- | --- | --- |")
             for case in CASES:

@@ -13,7 +13,7 @@ import torch
 
 from backend.config import read_config_pbtxt
 from backend.instance import ModelInstance
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.closed_loop import run_closed_loop
 from clients.connection import Connection
 from clients.inputs import random_inputs
@@ -37,9 +37,7 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=15.0)
     args = parser.parse_args()
 
-    config = ServerConfig(
-        MODEL_REPOSITORY, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
-    )
+    config = ServerConfig.on_free_ports(MODEL_REPOSITORY)
     with TritonServer(config) as server:
         with Connection.open("grpc", server.config.grpc_url) as grpc:
             run_closed_loop(args.model, server.config.grpc_url, concurrency=args.concurrency, duration_s=2)

@@ -6,18 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from backend.server import ServerConfig, TritonServer, free_port
+from backend.server import ServerConfig, TritonServer
 from clients.connection import Connection
 from tests.conftest import MODEL_REPOSITORY, linked_repository
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:
-    return ServerConfig(
-        model_repository=repository,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
-    )
+    return ServerConfig.on_free_ports(repository)
 
 
 def pytest_collection_modifyitems(items):
