@@ -211,6 +211,7 @@ class TritonServer:
         self.process: subprocess.Popen[str] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._reader: threading.Thread | None = None
+        self.stub_baseline: dict[str, int] = {}  # Python stub processes per model once ready
 
     def command(self, backend_dir: Path) -> list[str]:
         c = self.config
@@ -259,7 +260,33 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self.stub_baseline = self.stub_counts()
         return self
+
+    def stub_counts(self) -> dict[str, int]:
+        """Live Python stub processes per model (each instance of a tidepool model has one)."""
+        import psutil
+
+        counts = dict.fromkeys(self.models, 0)
+        if self.process is None or self.process.poll() is not None:
+            return counts
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                command = child.cmdline()
+                alive = child.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                continue
+            if alive and len(command) > 1 and command[0].endswith(STUB):
+                model = Path(command[1]).parent.parent.name  # <repository>/<model>/<version>/model.py
+                if model in counts:
+                    counts[model] += 1
+        return counts
+
+    def dead_stubs(self) -> list[str]:
+        """Models with fewer stubs than when the server became ready: tritonserver 2.51 does not
+        restart a stub that died, and that model's instance fails every request until restarted."""
+        counts = self.stub_counts()
+        return [model for model, expected in self.stub_baseline.items() if counts.get(model, 0) < expected]
 
     def _read_log(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -358,7 +385,14 @@ def serve(config: ServerConfig) -> int:
     )
     assert server.process is not None
     while not stopping.is_set() and server.process.poll() is None:
-        stopping.wait(0.5)
+        stopping.wait(1.0)
+        dead = [] if stopping.is_set() else server.dead_stubs()
+        if dead:
+            # The only way back for those instances on this Triton: a fresh server, same ports.
+            print(f"tidepool: the Python stub of {', '.join(dead)} died; restarting tritonserver", flush=True)
+            server.stop(timeout_s=10)
+            server.start()
+            print(f"tidepool: restarted; serving {', '.join(server.models)}", flush=True)
     if server.process.poll() is not None:
         print(
             f"tidepool: tritonserver exited on its own with code {server.process.returncode}", file=sys.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -65,40 +66,54 @@ def test_soak_50000_requests_keep_memory_flat(server):
     assert slope_stub < 50 and slope_server < 50  # under 2.5 MB over 50,000 requests
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tritonserver 2.51 does not restart a killed Python stub: the instance answers "
-    "\"Stub process 'encoder_0_0' is not healthy\" until the model is reloaded, and an unload of "
-    "that model hangs; open work (a launcher watchdog that restarts the server, or a newer Triton)",
-)
-def test_a_killed_stub_is_restarted_and_serving_resumes(tmp_path):
+def test_a_killed_stub_is_replaced_by_tidepool_serve_and_clients_recover(tmp_path):
+    """tritonserver 2.51 does not restart a dead Python stub; `tidepool serve` notices and
+    restarts the server on the same ports; clients with retries see only the requests that were
+    in flight in the dead stub fail."""
+    import sys
+
     from tests.conftest import MODEL_REPOSITORY
 
     (tmp_path / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
-    with TritonServer(server_config(tmp_path)) as server:
-        url = server.config.grpc_url
+    config = server_config(tmp_path)
+    command = [sys.executable, "-m", "tidepool.cli", "serve", "--model-repository", str(tmp_path),
+               "--http-port", str(config.http_port), "--grpc-port", str(config.grpc_port),
+               "--metrics-port", str(config.metrics_port)]  # fmt: skip
+    serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("serving" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.5)
         results = {}
         loader = threading.Thread(
             target=lambda: results.setdefault(
-                "load", run_closed_loop("encoder", url, concurrency=4, duration_s=30)
+                "load", run_closed_loop("encoder", config.grpc_url, concurrency=4, duration_s=60, retries=30)
             )
         )
         loader.start()
         time.sleep(5)
-        old = stub_pid(server, "encoder")
-        os.kill(old, signal.SIGKILL)
+        server_pid = psutil.Process(serve.pid).children()[0].pid
+        stub = next(
+            c
+            for c in psutil.Process(server_pid).children(recursive=True)
+            if "/encoder/" in " ".join(c.cmdline())
+        )
+        os.kill(stub.pid, signal.SIGKILL)
         loader.join()
-        load = results["load"]
-        after = run_closed_loop("encoder", url, concurrency=4, duration_s=3)
-        new = stub_pid(server, "encoder")
-
-    print(
-        f"\nstub kill: {len(load.latencies_ms)} served, {len(load.errors)} errors during 30 s; first error: "
-        f"{load.errors[0][:120] if load.errors else '-'}; after: {len(after.latencies_ms)} served, "
-        f"{len(after.errors)} errors; stub pid {old} -> {new}"
-    )
-    assert new != old and after.errors == [] and len(after.latencies_ms) > 0
-    assert len(load.errors) <= 4 * 3  # only requests in flight (and the restart) fail
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
+    load = results["load"]
+    print(f"\nstub kill: {len(load.latencies_ms)} served, {len(load.errors)} errors, max latency "
+          f"{max(load.latencies_ms) / 1e3:.1f} s; tidepool serve said: "
+          f"{[line.strip() for line in lines if 'died' in line or 'restarted' in line]}")  # fmt: skip
+    assert any("died; restarting tritonserver" in line for line in lines)
+    assert any("restarted; serving encoder" in line for line in lines)
+    # Only the requests in flight in the dead stub fail (one per client at most).
+    assert len(load.errors) <= 4 and all("is not healthy" in error for error in load.errors)
+    assert len(load.latencies_ms) > 100
 
 
 def test_clients_with_retries_ride_out_a_server_restart(tmp_path):
