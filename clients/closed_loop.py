@@ -47,8 +47,8 @@ def run_closed_loop(
     """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first."""
     result = LoadResult(concurrency, duration_s, batch=batch)
     lock = threading.Lock()
-    start = threading.Barrier(concurrency + 1)
-    stop_at: list[float] = []
+    began_at: list[float] = []  # set once every client is connected, before any is released
+    start = threading.Barrier(concurrency + 1, action=lambda: began_at.append(time.perf_counter()))
     sent = [0]
 
     def client(index: int) -> None:
@@ -57,7 +57,7 @@ def run_closed_loop(
             spec = connection.model_spec(model)
             inputs = random_inputs(spec, batch=batch, seed=index)
             start.wait()
-            while time.perf_counter() < stop_at[0]:
+            while time.perf_counter() < began_at[0] + duration_s:
                 with lock:
                     if max_requests is not None and sent[0] >= max_requests:
                         return
@@ -75,11 +75,8 @@ def run_closed_loop(
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
     for thread in threads:
         thread.start()
-    stop_at.append(time.perf_counter() + duration_s + 60)  # placeholder until all are connected
     start.wait()
-    began = time.perf_counter()
-    stop_at[0] = began + duration_s
     for thread in threads:
         thread.join()
-    result.duration_s = time.perf_counter() - began
+    result.duration_s = time.perf_counter() - began_at[0]
     return result
