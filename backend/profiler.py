@@ -4,7 +4,6 @@ with each point's error; JSON, a short report and plots."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -84,8 +83,7 @@ class Profile:
 
 
 def _instance(model_dir: Path, batch_sizes: Sequence[int], device: str, precision: str) -> ModelInstance:
-    config = read_config_pbtxt(model_dir / "config.pbtxt")
-    config = copy.deepcopy(config)
+    config = read_config_pbtxt(model_dir / "config.pbtxt")  # a fresh dict: ours to change
     config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
     parameters = config.setdefault("parameters", {})
     parameters.update(

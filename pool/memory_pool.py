@@ -148,7 +148,7 @@ class MemoryPool:
         """A block of at least `nbytes`, aligned to 256 bytes; OutOfMemory past the limit."""
         if type(nbytes) is not int or nbytes < 0:
             raise PoolError(f"allocate: nbytes must be a non-negative int, got {nbytes!r}")
-        capacity = ALIGNMENT if nbytes <= ALIGNMENT else 1 << (nbytes - 1).bit_length()
+        capacity = ALIGNMENT if nbytes <= ALIGNMENT else 1 << (nbytes - 1).bit_length()  # size_class, inlined
         key = (self._stream_key(stream), capacity) if self._per_stream else capacity
         with self._lock:
             if self._closed:
@@ -190,6 +190,10 @@ class MemoryPool:
             self._live -= 1
             if block._scope is not None:
                 block._scope.live_bytes -= block.capacity
+
+    def _capacity_of(self, key: Any) -> int:
+        """The block size a free-list key stands for (keys carry the stream for device memory)."""
+        return key[1] if self._per_stream else key
 
     @staticmethod
     def _stream_key(stream: Any) -> int:
@@ -280,8 +284,7 @@ class MemoryPool:
         `small_too` (trim, OOM) small blocks go back to their slabs and empty slabs to their
         small arenas; otherwise small blocks stay cached, since returning them merges nothing."""
         for key in list(self._free):
-            capacity = key[1] if self._per_stream else key
-            if capacity <= SLAB_MAX_BLOCK and not small_too:
+            if self._capacity_of(key) <= SLAB_MAX_BLOCK and not small_too:
                 continue
             locs = self._free.pop(key)
             if self._per_stream and locs:
@@ -310,9 +313,7 @@ class MemoryPool:
 
     def _largest_free_block(self) -> int:
         largest = max((arena.buddy.largest_free() for arena in self._arenas), default=0)
-        cached = max(
-            (key if not self._per_stream else key[1] for key, locs in self._free.items() if locs), default=0
-        )
+        cached = max((self._capacity_of(key) for key, locs in self._free.items() if locs), default=0)
         in_slabs = max(
             (size for size, slabs in self._slabs.items() if any(s.free_slots for s in slabs)), default=0
         )
@@ -344,9 +345,7 @@ class MemoryPool:
                     self._maintain()
 
     def _maintain(self) -> None:
-        if not any(
-            locs for key, locs in self._free.items() if (key[1] if self._per_stream else key) > SLAB_MAX_BLOCK
-        ):
+        if not any(locs for key, locs in self._free.items() if self._capacity_of(key) > SLAB_MAX_BLOCK):
             return  # only cached large blocks can be merged back; nothing else would change
         free = self._reserved - self._allocated
         if free <= 0 or 1 - self._largest_free_block() / free <= self.fragmentation_threshold:

@@ -41,6 +41,26 @@ def stub_pid(server: TritonServer, model: str, wait_s: float = 15.0) -> int:
     raise AssertionError(f"no stub process for {model}")
 
 
+def encoder_only(root):
+    """A repository holding just the encoder (a faster server start)."""
+    from tests.conftest import MODEL_REPOSITORY
+
+    (root / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
+    return root
+
+
+def load_in_background(url: str) -> tuple[threading.Thread, dict]:
+    """60 s of 4 retrying closed-loop clients on a thread; the result lands in results["load"]."""
+    results: dict = {}
+
+    def run() -> None:
+        results["load"] = run_closed_loop("encoder", url, concurrency=4, duration_s=60, retries=30)
+
+    loader = threading.Thread(target=run)
+    loader.start()
+    return loader, results
+
+
 def test_soak_50000_requests_keep_memory_flat(server):
     url, total, chunk = server.config.grpc_url, 50_000, 5_000
     run_closed_loop("encoder", url, concurrency=16, duration_s=5)  # warm-up
@@ -80,10 +100,7 @@ def test_a_killed_stub_is_replaced_by_tidepool_serve_and_clients_recover(tmp_pat
     in flight in the dead stub fail."""
     import sys
 
-    from tests.conftest import MODEL_REPOSITORY
-
-    (tmp_path / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
-    config = server_config(tmp_path)
+    config = server_config(encoder_only(tmp_path))
     command = [sys.executable, "-m", "tidepool.cli", "serve", "--model-repository", str(tmp_path),
                "--http-port", str(config.http_port), "--grpc-port", str(config.grpc_port),
                "--metrics-port", str(config.metrics_port)]  # fmt: skip
@@ -94,13 +111,7 @@ def test_a_killed_stub_is_replaced_by_tidepool_serve_and_clients_recover(tmp_pat
         deadline = time.monotonic() + 120
         while not any("serving" in line for line in lines) and time.monotonic() < deadline:
             time.sleep(0.5)
-        results = {}
-        loader = threading.Thread(
-            target=lambda: results.setdefault(
-                "load", run_closed_loop("encoder", config.grpc_url, concurrency=4, duration_s=60, retries=30)
-            )
-        )
-        loader.start()
+        loader, results = load_in_background(config.grpc_url)
         time.sleep(5)
         server_pid = psutil.Process(serve.pid).children()[0].pid
         stub = next(
@@ -125,18 +136,9 @@ def test_a_killed_stub_is_replaced_by_tidepool_serve_and_clients_recover(tmp_pat
 
 
 def test_clients_with_retries_ride_out_a_server_restart(tmp_path):
-    from tests.conftest import MODEL_REPOSITORY
-
-    (tmp_path / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
-    config = server_config(tmp_path)
+    config = server_config(encoder_only(tmp_path))
     server = TritonServer(config).start()
-    results = {}
-    loader = threading.Thread(
-        target=lambda: results.setdefault(
-            "load", run_closed_loop("encoder", config.grpc_url, concurrency=4, duration_s=60, retries=30)
-        )
-    )
-    loader.start()
+    loader, results = load_in_background(config.grpc_url)
     time.sleep(5)
     server.stop()
     time.sleep(2)
