@@ -20,6 +20,7 @@ from backend.config import ConfigError, ModelSpec, dims_match, parse_model_confi
 from backend.loader import load_model
 from backend.validation import RequestError, validate_request
 from pool import MemoryPool, OutOfMemory
+from pool.host_heap import HeapRetention, minor_page_faults, retain_freed_memory
 
 Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
 Result = Outputs | RequestError
@@ -80,6 +81,7 @@ class InstanceSettings:
     pool_limit_bytes: int | None
     pool_initial_bytes: int
     pool_fragmentation_threshold: float
+    pool_retain_heap: bool  # keep torch's own freed CPU memory for the next execution
     warmup_batch_sizes: tuple[int, ...]
 
     @classmethod
@@ -111,6 +113,7 @@ class InstanceSettings:
             pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
             pool_initial_bytes=model.bytes_param("POOL_INITIAL_BYTES") or 0,
             pool_fragmentation_threshold=threshold,
+            pool_retain_heap=model.choice_param("POOL_RETAIN_HEAP", ("true", "false"), "true") == "true",
             warmup_batch_sizes=_batch_sizes_param(model),
         )
 
@@ -139,9 +142,17 @@ class ModelInstance:
                 if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
                     self.pool.resource.set_as_device_default()  # torch's own allocations too
             self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
+        # torch's own CPU tensors cannot be drawn from the pool; the C heap can keep them instead.
+        retain = settings.pool_enabled and settings.pool_retain_heap and settings.device == "cpu"
+        self.heap_retention = (
+            retain_freed_memory()
+            if retain
+            else HeapRetention(False, "freed memory not kept (POOL=off, POOL_RETAIN_HEAP=false or a GPU)")
+        )
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.module = apply_precision(module, settings.precision).to(self.device)
         self.batches_run: list[int] = []  # rows of each forward pass of the last execute
+        self.page_faults = 0  # minor page faults during the last execute (memory touched afresh)
 
     @classmethod
     def load(cls, model_config: dict[str, Any] | str, model_dir: Path | str) -> ModelInstance:
@@ -162,6 +173,7 @@ class ModelInstance:
             if isinstance(result, RequestError):
                 raise RuntimeError(f"warm-up at batch size {size} failed: {result}")
         self.batches_run = []  # warm-up is not traffic
+        self.page_faults = 0
 
     def close(self) -> None:
         for pool in self.pools:
@@ -171,6 +183,13 @@ class ModelInstance:
 
     def execute(self, requests: Sequence[dict[str, np.ndarray]]) -> list[Result]:
         """Answer every request, in order: its outputs, or the RequestError that it alone gets."""
+        faults_before = minor_page_faults()
+        try:
+            return self._execute(requests)
+        finally:
+            self.page_faults = minor_page_faults() - faults_before
+
+    def _execute(self, requests: Sequence[dict[str, np.ndarray]]) -> list[Result]:
         self.batches_run = []
         results: list[Result | None] = [None] * len(requests)
         valid: list[int] = []

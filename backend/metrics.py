@@ -1,5 +1,6 @@
 """Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
-gauges and counters, and a histogram of the batch sizes `execute` really ran."""
+gauges and counters, the page faults of executions, and a histogram of the batch sizes `execute`
+really ran."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ COUNTERS = {
     "tidepool_pool_ooms_total": ("num_ooms", "Allocations the pool refused at its limit"),
 }
 
+
+PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
 ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
@@ -55,6 +58,16 @@ class InstanceMetrics:
         self.batch_size = self.families["tidepool_batch_size"].Metric(
             labels=labels, buckets=BATCH_SIZE_BUCKETS
         )
+        self.families[PAGE_FAULTS] = family(
+            name=PAGE_FAULTS,
+            description="Minor page faults during execute: memory the instance touched afresh",
+            kind=family.COUNTER,
+        )
+        self.page_faults = self.families[PAGE_FAULTS].Metric(labels=labels)
+
+    def record_page_faults(self, count: int) -> None:
+        if count > 0:
+            self.page_faults.increment(count)
 
     def record_batch(self, rows: int) -> None:
         if rows > 0:

@@ -41,6 +41,12 @@ class TritonPythonModel:
         # own directory (the one that holds config.pbtxt).
         self.instance = ModelInstance.load(config, args["model_repository"])
         self.metrics = InstanceMetrics(pb_utils, args["model_name"], args["model_instance_name"])
+        pool = self.instance.pool
+        pb_utils.Logger.log_info(
+            f"tidepool {args['model_instance_name']}: "
+            + (f"pool {pool.kind} ({pool.kind_reason})" if pool else "pool off (POOL=off)")
+            + f"; C heap: {self.instance.heap_retention.reason}"
+        )
         self._record()
 
     def execute(self, requests: list) -> list:
@@ -58,6 +64,7 @@ class TritonPythonModel:
     def _record(self) -> None:
         for rows in self.instance.batches_run:
             self.metrics.record_batch(rows)
+        self.metrics.record_page_faults(self.instance.page_faults)
         if self.instance.pool is not None:
             self.metrics.record_pool(self.instance.pool.stats())
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: the fake pb_utils for unit tests, and paths of the example models."""
+"""Shared fixtures: paths of the example models, repositories built from them, the GPU skip."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,21 @@ def linked_repository(root: Path) -> Path:
         if (model / "config.pbtxt").is_file():
             (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
     return root
+
+
+def model_variant(source: Path, target_root: Path, name: str, **parameters: str) -> Path:
+    """A copy of the model at `source` named `name`, with backend parameters overridden."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    target = target_root / name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = text_format.Parse((source / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    config.name = name
+    for key, text in parameters.items():
+        config.parameters[key].string_value = text
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return target
 
 
 def cuda_available() -> bool:

@@ -98,6 +98,24 @@ class MetricFamily:
         return metric
 
 
+class Logger:
+    """Records what the backend logs, as (level, message)."""
+
+    messages: list[tuple[str, str]] = []
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls.messages.append(("info", message))
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls.messages.append(("warn", message))
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls.messages.append(("error", message))
+
+
 def install() -> types.ModuleType:
     """Register this fake as `triton_python_backend_utils` and return it."""
     module = sys.modules[__name__]

@@ -8,7 +8,7 @@ import pytest
 
 from backend.server import ServerConfig, TritonServer
 from clients.connection import Connection
-from tests.conftest import MODEL_REPOSITORY, linked_repository
+from tests.conftest import MODEL_REPOSITORY, linked_repository, model_variant
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:
@@ -23,7 +23,9 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
-    return linked_repository(tmp_path_factory.mktemp("repository"))
+    root = linked_repository(tmp_path_factory.mktemp("repository"))
+    model_variant(MODEL_REPOSITORY / "convnet", root, "convnet_pool_off", POOL="off")  # the baseline
+    return root
 
 
 @pytest.fixture(scope="session")

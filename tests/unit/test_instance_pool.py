@@ -1,6 +1,7 @@
 """The instance's data path through its pool, and the metrics it reports (fake pb_utils)."""
 
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -79,6 +80,7 @@ def test_a_batch_over_the_pool_limit_is_unavailable_and_the_next_one_is_served(t
         ({"POOL_LIMIT_BYTES": "lots"}, "parameter POOL_LIMIT_BYTES: expected a size like 512MiB"),
         ({"POOL_WARMUP_BATCH_SIZES": "1,99"}, "POOL_WARMUP_BATCH_SIZES: sizes must be in 1..4"),
         ({"POOL_KIND": "gpu"}, "parameter POOL_KIND: expected one of auto, host, pinned, cuda"),
+        ({"POOL_RETAIN_HEAP": "yes"}, "parameter POOL_RETAIN_HEAP: expected one of true, false"),
     ],
 )
 def test_bad_pool_parameters_are_named(tmp_path, parameters, message):
@@ -107,4 +109,32 @@ def test_the_backend_reports_pool_figures_and_batch_sizes_as_metrics(tmp_path):
     assert families["tidepool_pool_allocated_bytes"].metrics[-1].value == 0
     assert families["tidepool_batch_size"].metrics[-1].observations == [6.0]
     assert families["tidepool_pool_reserved_bytes"].metrics[-1].value > 0
+    faults = families["tidepool_page_faults_total"].metrics[-1]
+    assert faults.labels == {"model": "tokens", "instance": "tokens_0"} and faults.value >= 0
+    level, logged = pb_utils.Logger.messages[-1]
+    assert level == "info" and "tokens_0: pool host" in logged and "C heap: glibc" in logged
     model.finalize()
+
+
+def test_the_c_heap_is_kept_only_with_the_pool_on_the_cpu(tmp_path):
+    on = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
+    assert on.heap_retention.applied
+    for parameters in ({"POOL": "off"}, {"POOL_RETAIN_HEAP": "false"}):
+        instance = ModelInstance.load(config_with(**parameters), tiny_model_dir(tmp_path))
+        assert not instance.heap_retention.applied and "not kept" in instance.heap_retention.reason
+
+
+def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
+    instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
+    assert instance.page_faults == 0  # warm-up is not counted
+    model_forward = instance.module.forward
+
+    def forward_touching_fresh_memory(*inputs):
+        with mmap.mmap(-1, 1 << 20) as fresh:  # 256 pages the process never touched
+            for offset in range(0, 1 << 20, 4096):
+                fresh[offset] = 1
+        return model_forward(*inputs)
+
+    instance.module.forward = forward_touching_fresh_memory
+    instance.execute([tokens(2)])
+    assert instance.page_faults >= 256

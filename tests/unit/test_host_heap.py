@@ -1,0 +1,58 @@
+"""Keeping freed C-heap memory in the process: checked in fresh processes, since the setting is
+process-wide and glibc's default behaviour is the baseline."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pool.host_heap import HeapRetention, minor_page_faults, retain_freed_memory
+
+# Allocates, writes and frees 64 MiB three times through malloc; prints the page faults of the
+# last two rounds (the first one maps the memory in either case).
+ROUNDS = """
+import ctypes, sys
+from pool.host_heap import minor_page_faults, retain_freed_memory
+if sys.argv[1] == "retain":
+    assert retain_freed_memory().applied
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+faults = []
+for _ in range(3):
+    before = minor_page_faults()
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    libc.free(block)
+    faults.append(minor_page_faults() - before)
+print(sum(faults[1:]))
+"""
+
+
+def faults_of_later_rounds(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_retained_memory_is_reused_without_fresh_page_faults():
+    default, retained = faults_of_later_rounds("default"), faults_of_later_rounds("retain")
+    assert default > 2 * 16384 * 0.9  # glibc's default: 64 MiB of 4 KiB pages mapped afresh each round
+    assert retained < 100
+
+
+def test_retention_reports_what_it_did():
+    retention = retain_freed_memory(max_retained_block=1 << 30)
+    assert isinstance(retention, HeapRetention)
+    assert retention.applied and "glibc" in retention.reason and retention.max_retained_block == 1 << 30
+    with pytest.raises(ValueError, match="max_retained_block"):
+        retain_freed_memory(max_retained_block=0)
+
+
+def test_page_faults_count_memory_touched_afresh():
+    import mmap
+
+    before = minor_page_faults()
+    with mmap.mmap(-1, 4 << 20) as fresh:
+        for offset in range(0, 4 << 20, 4096):
+            fresh[offset] = 1
+    assert minor_page_faults() - before >= 1000  # 1024 pages
