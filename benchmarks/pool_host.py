@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pool import MemoryPool
+from pool.host_heap import minor_page_faults
 
 KiB, MiB = 2**10, 2**20
 
@@ -65,8 +66,9 @@ def bench_cache_hit(sizes, iterations: int) -> None:
 
 
 def bench_write(sizes, repeats: int) -> None:
-    print("\nallocate + write every byte (ms; ratio = numpy / pool, > 1 means the pool is faster)")
-    print(f"{'size':>10}{'pool':>10}{'numpy':>10}{'ratio':>8}")
+    print("\nallocate + write every byte (ms; ratio = numpy / pool, > 1 means the pool is faster;")
+    print("faults = minor page faults per iteration, when the allocator hands out memory afresh)")
+    print(f"{'size':>10}{'pool':>10}{'numpy':>10}{'ratio':>8}{'pool faults':>13}{'numpy faults':>14}")
     pool = MemoryPool("host", arena_bytes=256 * MiB)
     for nbytes in sizes:
         pool.allocate(nbytes).free()
@@ -81,9 +83,14 @@ def bench_write(sizes, repeats: int) -> None:
                 np.empty(nbytes, dtype=np.uint8).fill(1)
 
         iterations = max(1, (64 * MiB) // nbytes)
+        faults = minor_page_faults()
         p = median_us(with_pool, iterations, repeats) / 1e3
+        pool_faults = (minor_page_faults() - faults) / (iterations * repeats)
+        faults = minor_page_faults()
         n = median_us(with_numpy, iterations, repeats) / 1e3
-        print(f"{size_label(nbytes):>10}{p:>10.3f}{n:>10.3f}{n / p:>8.2f}")
+        numpy_faults = (minor_page_faults() - faults) / (iterations * repeats)
+        figures = f"{p:>10.3f}{n:>10.3f}{n / p:>8.2f}{pool_faults:>13.0f}{numpy_faults:>14.0f}"
+        print(f"{size_label(nbytes):>10}{figures}")
     pool.close()
 
 

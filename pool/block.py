@@ -57,7 +57,7 @@ class Block:
         return self._loc[0]
 
     def _shape_for(self, itemsize: int, shape, what: str) -> tuple[int, ...]:
-        shape = (self.nbytes // itemsize,) if shape is None else tuple(int(d) for d in shape)
+        shape = (self.nbytes // itemsize,) if shape is None else tuple(map(int, shape))
         need = math.prod(shape) * itemsize
         if need > self.capacity:
             raise PoolError(
@@ -76,9 +76,7 @@ class Block:
             raise PoolError(f"as_numpy: {self._pool.kind} memory is not readable from the host; use as_torch")
         dtype = np.dtype(dtype)
         shape = self._shape_for(dtype.itemsize, shape, "as_numpy")
-        start = self._loc[1]
-        count = math.prod(shape) * dtype.itemsize
-        return arena.host_view[start : start + count].view(dtype).reshape(shape)
+        return np.ndarray(shape, dtype, buffer=arena.host_view, offset=self._loc[1])
 
     def as_torch(self, dtype: Any = None, shape=None):
         """A torch tensor over the block's memory (no copy), on the CPU or the block's device."""

@@ -56,6 +56,13 @@ def retain_freed_memory(max_retained_block: int = DEFAULT_MAX_RETAINED_BLOCK) ->
     )
 
 
+def release_free_pages() -> bool:
+    """Give the pages of the heap's free chunks back to the kernel (malloc_trim), keeping the
+    chunks themselves; True if any page went back (never where the C library is not glibc)."""
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
+
+
 def minor_page_faults() -> int:
     """Minor page faults of this process so far: memory touched for the first time (or again after
     it was given back). Zero growth across an execution means it allocated nothing fresh."""

@@ -66,6 +66,10 @@ class ExecutionScope:
             self.peak_bytes = self.live_bytes
 
 
+class _ThreadState(threading.local):
+    scope: ExecutionScope | None = None  # a class default: reading it never misses (a miss is slow)
+
+
 def _make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[MemoryResource, str]:
     from pool.resources.driver import cuda_status
     from pool.resources.host import HostResource
@@ -127,7 +131,7 @@ class MemoryPool:
         self._per_stream = self.kind in ("cuda", "pinned")
 
         self._lock = threading.Lock()
-        self._local = threading.local()
+        self._local = _ThreadState()
         self._arenas: list[Arena] = []
         self._free: dict[Any, list[tuple]] = {}  # size class (per stream) -> free locations
         self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size
@@ -135,8 +139,8 @@ class MemoryPool:
         self._active_scopes = 0
         self._working_set = 0  # the largest execution peak seen
         self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
-        self._num_allocs = self._num_frees = self._cache_hits = self._free_list_hits = 0
-        self._upstream_allocs = self._upstream_frees = self._num_ooms = self._live = 0
+        self._num_allocs = self._num_frees = self._free_list_hits = self._held_hits = 0
+        self._upstream_allocs = self._upstream_frees = self._num_ooms = 0
         self.initial_bytes = initial_bytes
         if initial_bytes > 0:
             with self._lock:
@@ -157,17 +161,15 @@ class MemoryPool:
             if cached:
                 loc = cached.pop()
                 self._free_list_hits += 1
-                self._cache_hits += 1
             else:
                 loc = self._allocate_uncached(capacity, nbytes, stream)
             self._num_allocs += 1
-            self._live += 1
             allocated = self._allocated + capacity
             self._allocated = allocated
             if allocated > self._peak_allocated:
                 self._peak_allocated = allocated
             block = Block(self, loc, nbytes, capacity, stream)
-            scope = getattr(self._local, "scope", None)
+            scope = self._local.scope
             if scope is not None:
                 scope._add(block)
         return block
@@ -187,7 +189,6 @@ class MemoryPool:
                 cached.append(block._loc)
             self._allocated -= block.capacity
             self._num_frees += 1
-            self._live -= 1
             if block._scope is not None:
                 block._scope.live_bytes -= block.capacity
 
@@ -209,7 +210,7 @@ class MemoryPool:
             self._recycle()  # cached blocks of other sizes, merged back, may serve it
             loc = self._take_held(capacity)
         if loc is not None:
-            self._cache_hits += 1
+            self._held_hits += 1  # memory already reserved: a cache hit, though not an exact one
             return loc
         return self._grow_and_take(capacity, nbytes, stream)
 
@@ -325,7 +326,7 @@ class MemoryPool:
     def execution(self) -> Iterator[ExecutionScope]:
         """Every block allocated inside (on this thread) goes back at exit; at a quiet moment
         (no other execution running) the pool recycles and trims if fragmentation is high."""
-        outer = getattr(self._local, "scope", None)
+        outer = self._local.scope
         scope = ExecutionScope()
         self._local.scope = scope
         with self._lock:
@@ -364,14 +365,14 @@ class MemoryPool:
                 peak_allocated_bytes=self._peak_allocated,
                 num_allocs=self._num_allocs,
                 num_frees=self._num_frees,
-                cache_hits=self._cache_hits,
+                cache_hits=self._free_list_hits + self._held_hits,
                 free_list_hits=self._free_list_hits,
                 upstream_allocs=self._upstream_allocs,
                 upstream_frees=self._upstream_frees,
                 largest_free_block=self._largest_free_block(),
                 num_ooms=self._num_ooms,
                 num_arenas=len(self._arenas),
-                live_blocks=self._live,
+                live_blocks=self._num_allocs - self._num_frees,
             )
 
     def reset_peak(self) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from backend.server import ServerConfig, TritonServer
 from clients.connection import Connection
-from tests.conftest import MODEL_REPOSITORY, linked_repository, model_variant
+from tests.conftest import MODEL_REPOSITORY, TEST_MODELS, linked_repository, model_variant
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:
@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
     root = linked_repository(tmp_path_factory.mktemp("repository"))
-    model_variant(MODEL_REPOSITORY / "convnet", root, "convnet_pool_off", POOL="off")  # the baseline
+    model_variant(TEST_MODELS / "scratch", root, "scratch_pool_off", POOL="off")  # the baseline
     return root
 
 

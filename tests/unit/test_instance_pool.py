@@ -124,9 +124,7 @@ def test_the_c_heap_is_kept_only_with_the_pool_on_the_cpu(tmp_path):
         assert not instance.heap_retention.applied and "not kept" in instance.heap_retention.reason
 
 
-def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
-    instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
-    assert instance.page_faults == 0  # warm-up is not counted
+def touch_fresh_memory_in_forward(instance: ModelInstance) -> None:
     model_forward = instance.module.forward
 
     def forward_touching_fresh_memory(*inputs):
@@ -136,5 +134,25 @@ def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
         return model_forward(*inputs)
 
     instance.module.forward = forward_touching_fresh_memory
+
+
+def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
+    instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
+    assert instance.page_faults == 0  # warm-up is not counted
+    touch_fresh_memory_in_forward(instance)
     instance.execute([tokens(2)])
     assert instance.page_faults >= 256
+
+
+def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path):
+    from backend.instance import WARMUP_MAX_ROUNDS
+
+    steady = ModelInstance.load(config_with(POOL_WARMUP_BATCH_SIZES="1,4"), tiny_model_dir(tmp_path))
+    assert set(steady.warmup_rounds) == {1, 4} and max(steady.warmup_rounds.values()) < WARMUP_MAX_ROUNDS
+    touch_fresh_memory_in_forward(steady)
+    steady.warm_up()  # never steady now: every size gets every round, and then it stops
+    assert steady.warmup_rounds == {1: WARMUP_MAX_ROUNDS, 4: WARMUP_MAX_ROUNDS}
+    off = ModelInstance.load(config_with(POOL="off"), tiny_model_dir(tmp_path))
+    touch_fresh_memory_in_forward(off)
+    off.warm_up()  # without a kept heap, repeating would change nothing
+    assert set(off.warmup_rounds.values()) == {1}
