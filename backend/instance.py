@@ -183,8 +183,8 @@ class ModelInstance:
                 self.warmup_rounds[size] = round_number
                 if self.page_faults < STEADY_PAGE_FAULTS:
                     break
-        if self.heap_retention.applied:
-            release_free_pages()
+        if self.heap_retention.applied and sizes:
+            release_free_pages()  # abandoned places stay free chunks but leave the resident set
             self.execute([dummy_inputs(self.model, max(sizes))])
         self.batches_run = []  # warm-up is not traffic
         self.page_faults = 0

@@ -40,7 +40,8 @@ def retain_freed_memory(max_retained_block: int = DEFAULT_MAX_RETAINED_BLOCK) ->
     """Keep freed heap memory in the process: blocks up to `max_retained_block` come from the heap
     rather than fresh mappings, and the heap's top is never given back on free. Process-wide, so
     meant for a process that serves one model instance (a Triton Python stub is one). The memory
-    kept is bounded by the heap's high-water mark, i.e. the largest execution seen."""
+    kept is bounded by the heap's high-water mark: the largest execution seen, plus glibc's
+    fragmentation (see `release_free_pages`)."""
     if not 0 < max_retained_block <= _INT_MAX:
         raise ValueError(f"max_retained_block must be in 1..{_INT_MAX}, got {max_retained_block}")
     libc = _glibc()
