@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -99,10 +100,22 @@ def test_a_bad_request_among_concurrent_good_ones_fails_alone(server):
     assert all(r == (1, 256) for i, r in enumerate(results) if i != 5)
 
 
+def settled_statistics(connection: Connection, model: str) -> dict:
+    """The model's statistics once they stop changing: Triton counts a request after its
+    response is sent, so the last answered requests may not be counted yet."""
+    previous = connection.statistics(model)["model_stats"][0]
+    while True:
+        time.sleep(0.1)
+        current = connection.statistics(model)["model_stats"][0]
+        if current.get("inference_count") == previous.get("inference_count"):
+            return current
+        previous = current
+
+
 def test_concurrent_clients_are_batched_by_the_dynamic_batcher(server):
     with Connection.open("grpc", server.config.grpc_url) as grpc:
         spec = grpc.model_spec("encoder")
-        before = grpc.statistics("encoder")["model_stats"][0]
+        before = settled_statistics(grpc, "encoder")
         inputs = random_inputs(spec, batch=1)
 
         def send(_):
@@ -112,7 +125,7 @@ def test_concurrent_clients_are_batched_by_the_dynamic_batcher(server):
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(send, range(8)))
-        after = grpc.statistics("encoder")["model_stats"][0]
+        after = settled_statistics(grpc, "encoder")
     inferences = int(after["inference_count"]) - int(before.get("inference_count", 0))
     executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
     assert inferences == 96
