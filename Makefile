@@ -9,7 +9,7 @@ HOST ?= 127.0.0.1
 REPO ?= model_repository
 PYTEST_ARGS ?=
 
-.PHONY: venv serve test test-slow test-gpu lint perf-analyzer configs clean
+.PHONY: venv serve test test-slow test-gpu device-carry lint perf-analyzer configs clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,12 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	bash benchmarks/gpu_check.sh
 
+# What a bare GPU machine lacks for gpu_check.sh (pure-Python packages its image does not hold),
+# in .device/ for the device tool's `carry`.
+device-carry: $(STAMP)
+	rm -rf .device && mkdir -p .device
+	cp -r $$($(BIN)/python -c 'import tritonclient, os; print(os.path.dirname(tritonclient.__file__))') .device/
+
 # The example models' config.pbtxt, from a profile of this machine and these budgets.
 configs: $(STAMP)
 	$(BIN)/tidepool plan model_repository/encoder --memory-budget 1GiB --latency-budget-ms 100 --write
@@ -46,4 +52,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info reports .tools
+	rm -rf $(VENV) .pytest_cache build *.egg-info reports .tools .device
