@@ -156,6 +156,7 @@ class ModelInstance:
         self.module = apply_precision(module, settings.precision).to(self.device)
         self.batches_run: list[int] = []  # rows of each forward pass of the last execute
         self.page_faults = 0  # minor page faults during the last execute (memory touched afresh)
+        self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
 
     @classmethod
     def load(cls, model_config: dict[str, Any] | str, model_dir: Path | str) -> ModelInstance:
@@ -173,7 +174,7 @@ class ModelInstance:
         block anew a few times before it reuses one)."""
         sizes = self.settings.warmup_batch_sizes if self.model.batched else (1,)
         rounds = WARMUP_MAX_ROUNDS if self.heap_retention.applied else 1
-        self.warmup_rounds: dict[int, int] = {}
+        self.warmup_rounds = {}
         for size in sizes:
             inputs = dummy_inputs(self.model, size)
             for round_number in range(1, rounds + 1):
