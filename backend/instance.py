@@ -121,6 +121,16 @@ class InstanceSettings:
         )
 
 
+def _why_heap_not_kept(settings: InstanceSettings) -> str | None:
+    if not settings.pool_enabled:
+        return "POOL=off"
+    if not settings.pool_retain_heap:
+        return "POOL_RETAIN_HEAP=false"
+    if settings.device != "cpu":
+        return "a GPU instance (torch's GPU memory comes from the CUDA pool)"
+    return None
+
+
 class ModelInstance:
     def __init__(self, model: ModelSpec, module: torch.nn.Module, settings: InstanceSettings):
         self.model = model
@@ -146,11 +156,11 @@ class ModelInstance:
                     self.pool.resource.set_as_device_default()  # torch's own allocations too
             self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
         # torch's own CPU tensors cannot be drawn from the pool; the C heap can keep them instead.
-        retain = settings.pool_enabled and settings.pool_retain_heap and settings.device == "cpu"
+        why_not = _why_heap_not_kept(settings)
         self.heap_retention = (
             retain_freed_memory()
-            if retain
-            else HeapRetention(False, "freed memory not kept (POOL=off, POOL_RETAIN_HEAP=false or a GPU)")
+            if why_not is None
+            else HeapRetention(False, f"freed memory not kept: {why_not}")
         )
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.module = apply_precision(module, settings.precision).to(self.device)

@@ -30,6 +30,13 @@ def median_us(run, iterations: int, repeats: int = 15) -> float:
     return statistics.median(rounds)
 
 
+def ms_and_faults(run, iterations: int, repeats: int) -> tuple[float, float]:
+    """median_us in milliseconds, and the minor page faults of one call on average."""
+    faults = minor_page_faults()
+    ms = median_us(run, iterations, repeats) / 1e3
+    return ms, (minor_page_faults() - faults) / (iterations * repeats)
+
+
 def size_label(nbytes: int) -> str:
     return (
         f"{nbytes // MiB} MiB"
@@ -83,12 +90,8 @@ def bench_write(sizes, repeats: int) -> None:
                 np.empty(nbytes, dtype=np.uint8).fill(1)
 
         iterations = max(1, (64 * MiB) // nbytes)
-        faults = minor_page_faults()
-        p = median_us(with_pool, iterations, repeats) / 1e3
-        pool_faults = (minor_page_faults() - faults) / (iterations * repeats)
-        faults = minor_page_faults()
-        n = median_us(with_numpy, iterations, repeats) / 1e3
-        numpy_faults = (minor_page_faults() - faults) / (iterations * repeats)
+        p, pool_faults = ms_and_faults(with_pool, iterations, repeats)
+        n, numpy_faults = ms_and_faults(with_numpy, iterations, repeats)
         figures = f"{p:>10.3f}{n:>10.3f}{n / p:>8.2f}{pool_faults:>13.0f}{numpy_faults:>14.0f}"
         print(f"{size_label(nbytes):>10}{figures}")
     pool.close()
