@@ -16,18 +16,18 @@ import subprocess
 import sys
 import time
 
-from backend.config import read_config_pbtxt
-from tests.conftest import MODEL_REPOSITORY
+from tidepool.configfile import read_config_dict
+from tidepool.testing import MODEL_REPOSITORY
 
 
 def measure(model: str, pool: str, requests: int, seconds: float) -> dict:
     """In this process: load the instance, run executions of `requests` requests for `seconds`."""
     import torch
 
-    from backend.instance import ModelInstance
-    from clients.inputs import random_inputs
+    from tidepool.inputs import random_inputs
+    from tidepool.runtime.instance import ModelInstance
 
-    config = read_config_pbtxt(MODEL_REPOSITORY / model / "config.pbtxt")
+    config = read_config_dict(MODEL_REPOSITORY / model / "config.pbtxt")
     config["parameters"]["POOL"] = {"string_value": pool}
     instance = ModelInstance.load(config, MODEL_REPOSITORY / model)
     batch = [random_inputs(instance.model, batch=1, seed=i) for i in range(requests)]
@@ -38,11 +38,11 @@ def measure(model: str, pool: str, requests: int, seconds: float) -> dict:
     times, faults, began = [], 0, time.perf_counter()
     while time.perf_counter() - began < seconds:
         started = time.perf_counter()
-        results = instance.execute(batch)
+        execution = instance.execute(batch)
         sync()
         times.append(time.perf_counter() - started)
-        faults += instance.page_faults
-        assert all(isinstance(result, dict) for result in results), results
+        faults += execution.page_faults
+        assert all(isinstance(result, dict) for result in execution.results), execution.results
     return {
         "device": instance.device.type,
         "ms": statistics.median(times) * 1e3,
@@ -88,7 +88,7 @@ def main() -> None:
         return
     rows = []
     for model in args.models.split(","):
-        max_batch = int(read_config_pbtxt(MODEL_REPOSITORY / model / "config.pbtxt")["max_batch_size"])
+        max_batch = int(read_config_dict(MODEL_REPOSITORY / model / "config.pbtxt")["max_batch_size"])
         for requests in sorted({1, max_batch}):
             runs: dict[str, list[dict]] = {"on": [], "off": []}
             for _ in range(args.rounds):  # alternate, so both variants share the machine's drift

@@ -16,12 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from backend.server import ServerConfig, TritonServer
-from clients.connection import Connection
-from clients.inputs import random_inputs
-from clients.locust_run import LoadSettings, run_load
-from clients.sweep import Sweep, SweepSettings
-from tests.conftest import REPO_ROOT, linked_repository
+from tidepool.clients.connection import Connection
+from tidepool.clients.locust_run import LoadSettings, run_load
+from tidepool.clients.sweep import Sweep, SweepSettings
+from tidepool.inputs import random_inputs
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.testing import REPO_ROOT, linked_repository
 
 PERF_ANALYZER = REPO_ROOT / ".tools" / "perf_analyzer"
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import tritonclient.http as httpclient
 
-from backend.config import read_config_pbtxt
-from backend.planner import Budgets, plan, write_plan
-from backend.profiler import profile_model
-from backend.server import ServerConfig, TritonServer
-from clients.sweep import Sweep, SweepSettings
-from tests.conftest import MODEL_REPOSITORY
+from tidepool.clients.sweep import Sweep, SweepSettings
+from tidepool.configfile import read_config_dict
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.planning.planner import Budgets, plan, write_plan
+from tidepool.planning.profiler import profile_model
+from tidepool.testing import MODEL_REPOSITORY
 
 DELAYS_US = (0, 2000, 10000)
 BATCHES = (1, 2, 4, 8, 16, 32)
@@ -65,7 +65,7 @@ def main() -> None:
         result = plan(profile, budgets)
         write_plan(model_dir, profile, budgets, result)
         planning_s = time.perf_counter() - began
-        planned = read_config_pbtxt(model_dir / "config.pbtxt")
+        planned = read_config_dict(model_dir / "config.pbtxt")
 
         config = ServerConfig.on_free_ports(
             repository, extra_args=["--model-control-mode=explicit", f"--load-model={args.model}"]

@@ -10,8 +10,8 @@ import torch
 from cuda.bindings import driver
 
 from benchmarks.pool_host import median_us, size_label
-from pool import MemoryPool
-from pool.resources.driver import check
+from tidepool.pool import MemoryPool
+from tidepool.pool.resources.driver import check
 
 MiB = 2**20
 

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import torch
 
-from pool import MemoryPool
-from pool.host_heap import minor_page_faults
+from tidepool.pool import MemoryPool
+from tidepool.pool.host_heap import minor_page_faults
 
 KiB, MiB = 2**10, 2**20
 

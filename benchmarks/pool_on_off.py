@@ -13,10 +13,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.server import ServerConfig, TritonServer
-from clients.closed_loop import LoadResult, run_closed_loop
-from clients.metrics import scrape, value
-from tests.conftest import MODEL_REPOSITORY, model_variant
+from tidepool.clients.closed_loop import LoadResult, run_closed_loop
+from tidepool.clients.metrics import scrape, value
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.testing import MODEL_REPOSITORY, model_variant
 
 CASES = [("encoder", 1, 1), ("encoder", 8, 1), ("convnet", 1, 16), ("convnet", 8, 16)]  # model, conc, batch
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from backend.server import ServerConfig, TritonServer
-from clients.connection import Connection
-from tests.conftest import linked_repository
 from tests.integration.bad_requests import CASES, MODELS
+from tidepool.clients.connection import Connection
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.testing import linked_repository
 
 
 def main() -> None:

@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from backend.config import read_config_pbtxt
-from backend.instance import ModelInstance
-from backend.server import ServerConfig, TritonServer
-from clients.closed_loop import run_closed_loop
-from clients.connection import Connection
-from clients.inputs import random_inputs
-from tests.conftest import MODEL_REPOSITORY
+from tidepool.clients.closed_loop import run_closed_loop
+from tidepool.clients.connection import Connection
+from tidepool.configfile import read_config_dict
+from tidepool.inputs import random_inputs
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.runtime.instance import ModelInstance
+from tidepool.testing import MODEL_REPOSITORY
 
 
 def in_process_samples_per_s(instance: ModelInstance, batch: int, duration_s: float) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
     mean_batch = inferences / max(executions, 1)
 
     model_dir = MODEL_REPOSITORY / args.model
-    instance = ModelInstance.load(read_config_pbtxt(model_dir / "config.pbtxt"), model_dir)
+    instance = ModelInstance.load(read_config_dict(model_dir / "config.pbtxt"), model_dir)
     sizes = sorted({1, max(1, round(mean_batch)), args.concurrency})
     print(
         f"\n{args.model}: served over gRPC at concurrency {args.concurrency}, "

@@ -1,19 +1,28 @@
-"""A typed fake of `triton_python_backend_utils` for unit tests: the part of its API that the
-backend uses, holding plain numpy arrays. Never used by integration tests."""
+"""A typed fake of `triton_python_backend_utils` for unit tests: the part of its API the backend
+uses, with the real signatures (Python backend of tritonserver 2.51), holding numpy arrays.
+Installed per test by the `pb_utils` fixture; never used by integration tests.
+
+What the real module does not have is marked fake-only: state tests read to check what the
+backend did (what was logged, what a metric holds), and switches that make the fake behave like a
+server configured otherwise (`metrics_enabled`)."""
 
 from __future__ import annotations
 
 import sys
-import types
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+
+
+class TritonModelException(Exception):
+    """What the real stub raises when a pb_utils call fails (e.g. metrics are disabled)."""
 
 
 class Tensor:
     def __init__(self, name: str, array: np.ndarray) -> None:
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"Tensor {name}: expected a numpy array, got {type(array).__name__}")
+            raise TritonModelException(f"Tensor {name}: expected a numpy array, got {type(array).__name__}")
         self._name = name
         self._array = array
 
@@ -23,13 +32,20 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         return self._array
 
+    def is_cpu(self) -> bool:
+        return True
 
-class TritonError(Exception):
-    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS = range(7)
-    CANCELLED = 7
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        import torch.utils.dlpack
+
+        return Tensor(name, torch.utils.dlpack.from_dlpack(capsule).cpu().numpy())
+
+
+class TritonError:
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
-        super().__init__(message)
         self._message = message
         self._code = code
 
@@ -40,84 +56,120 @@ class TritonError(Exception):
         return self._code
 
 
-@dataclass
 class InferenceRequest:
-    tensors: list[Tensor]
-    request_id: str = ""
+    def __init__(self, inputs: list[Tensor], request_id: str = "", model_name: str = "") -> None:
+        self._inputs = inputs
+        self._request_id = request_id
 
     def inputs(self) -> list[Tensor]:
-        return self.tensors
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
 
 
-@dataclass
 class InferenceResponse:
-    output_tensors: list[Tensor] = field(default_factory=list)
-    error: TritonError | None = None
+    def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None) -> None:
+        self._output_tensors = list(output_tensors or [])
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
 
     def has_error(self) -> bool:
-        return self.error is not None
+        return self._error is not None
 
-    def output(self, name: str) -> np.ndarray:
-        return next(t.as_numpy() for t in self.output_tensors if t.name() == name)
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+def output_of(response: InferenceResponse, name: str) -> np.ndarray:
+    """The named output of a response, as the real `get_output_tensor_by_name` finds it."""
+    return next(t.as_numpy() for t in response.output_tensors() if t.name() == name)
 
 
 class Metric:
-    def __init__(self, family: MetricFamily, labels: dict[str, str]) -> None:
-        self.family = family
-        self.labels = labels
-        self.value = 0.0
-        self.observations: list[float] = []
+    def __init__(self, family: MetricFamily, labels: dict[str, str], buckets: list[float] | None) -> None:
+        self.labels = labels  # fake-only
+        self.buckets = buckets  # fake-only
+        self.observed: list[float] = []  # fake-only: what observe() was given
+        self._family = family
+        self._value = 0.0
+
+    def value(self) -> float:
+        return self._value
 
     def set(self, value: float) -> None:
-        self.value = float(value)
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is for gauges")
+        self._value = float(value)
 
     def increment(self, value: float) -> None:
-        if self.family.kind == MetricFamily.COUNTER and value < 0:
-            raise TritonError("a counter cannot decrease")
-        self.value += float(value)
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot decrease")
+        self._value += float(value)
 
     def observe(self, value: float) -> None:
-        self.observations.append(float(value))
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is for histograms")
+        self.observed.append(float(value))
 
 
 class MetricFamily:
     COUNTER, GAUGE, HISTOGRAM = range(3)
-    registry: dict[str, MetricFamily] = {}
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        if not state.metrics_enabled:
+            raise TritonModelException("Failed to create metric family: metrics not supported")
         self.name = name
-        self.description = description
         self.kind = kind
-        self.metrics: list[Metric] = []
-        MetricFamily.registry[name] = self
+        self.metrics: list[Metric] = []  # fake-only
+        state.families[name] = self
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
-        metric = Metric(self, labels or {})
-        metric.buckets = buckets
+        metric = Metric(self, labels or {}, buckets)
         self.metrics.append(metric)
         return metric
 
 
 class Logger:
-    """Records what the backend logs, as (level, message)."""
+    @staticmethod
+    def log_info(message: str) -> None:
+        state.logged.append(("info", message))
 
-    messages: list[tuple[str, str]] = []
+    @staticmethod
+    def log_warn(message: str) -> None:
+        state.logged.append(("warn", message))
 
-    @classmethod
-    def log_info(cls, message: str) -> None:
-        cls.messages.append(("info", message))
+    @staticmethod
+    def log_error(message: str) -> None:
+        state.logged.append(("error", message))
 
-    @classmethod
-    def log_warn(cls, message: str) -> None:
-        cls.messages.append(("warn", message))
-
-    @classmethod
-    def log_error(cls, message: str) -> None:
-        cls.messages.append(("error", message))
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        state.logged.append(("verbose", message))
 
 
-def install() -> types.ModuleType:
-    """Register this fake as `triton_python_backend_utils` and return it."""
+class FakeState:
+    """Fake-only: what one test's backend did, and how the fake server is configured."""
+
+    def __init__(self) -> None:
+        self.metrics_enabled = True
+        self.families: dict[str, MetricFamily] = {}
+        self.logged: list[tuple[str, str]] = []
+
+
+state = FakeState()
+
+
+def installed() -> Iterator[Any]:
+    """Register this module as `triton_python_backend_utils` with a fresh state, for one test."""
+    global state
+    state = FakeState()
     module = sys.modules[__name__]
     sys.modules["triton_python_backend_utils"] = module
-    return module
+    try:
+        yield module
+    finally:
+        state = FakeState()
+        sys.modules.pop("triton_python_backend_utils", None)

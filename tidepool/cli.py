@@ -1,4 +1,5 @@
-"""`tidepool` subcommands; each parses its flags and calls into backend/ or clients/."""
+"""`tidepool` subcommands; each parses its flags and calls into the package that owns the work.
+Any TidepoolError (and an unreachable server) ends as one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import os
 import sys
 from pathlib import Path
 
-from backend.config import parse_bytes
+from tidepool.errors import TidepoolError
+from tidepool.spec import parse_bytes
+
+
+def progress_printer(text: str) -> None:
+    """Progress of long work on stderr: one line rewritten in place on a terminal."""
+    end = "\r" if sys.stderr.isatty() else "\n"
+    print(f"{text:<90}", end=end, file=sys.stderr, flush=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from backend.server import ServerConfig, serve
+    from tidepool.launcher.serve import serve
+    from tidepool.launcher.server import ServerConfig
 
     return serve(
         ServerConfig(
@@ -23,12 +32,13 @@ def _serve(args: argparse.Namespace) -> int:
             tritonserver=args.tritonserver,
             backend_config=args.backend_config,
             log_verbose=args.log_verbose,
+            grace_s=args.grace_s,
         )
     )
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from clients.infer import infer_once
+    from tidepool.clients.infer import infer_once
 
     result = infer_once(args.model, protocol=args.protocol, url=args.url, seed=args.seed)
     print(result.describe())
@@ -36,12 +46,11 @@ def _infer(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from clients.sweep import (
+    from tidepool.clients.sweep import (
         Sweep,
         SweepSettings,
         format_table,
         parse_levels,
-        progress_printer,
         write_reports,
     )
 
@@ -71,7 +80,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from clients.locust_run import LoadSettings, run_load
+    from tidepool.clients.locust_run import LoadSettings, run_load
 
     summary = run_load(
         LoadSettings(
@@ -105,8 +114,7 @@ def _load(args: argparse.Namespace) -> int:
 
 
 def _run_profile(model_dir: Path, args: argparse.Namespace):
-    from backend.profiler import profile_model
-    from clients.sweep import progress_printer
+    from tidepool.planning.profiler import profile_model
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     profile = profile_model(
@@ -124,7 +132,7 @@ def _run_profile(model_dir: Path, args: argparse.Namespace):
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from backend.profiler import format_report, write_report
+    from tidepool.planning.report import format_report, write_report
 
     model_dir = Path(args.model_dir)
     profile = _run_profile(model_dir, args)
@@ -136,12 +144,12 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from backend.planner import Budgets, PlanError, plan, write_plan
-    from backend.profiler import Profile
+    from tidepool.planning.planner import Budgets, PlanError, plan, write_plan
+    from tidepool.planning.profile import Profile
 
     model_dir = Path(args.model_dir)
     if args.profile:
-        profile = Profile.from_json(Path(args.profile).read_text())
+        profile = Profile.read(args.profile)
     else:
         print(f"no --profile given: profiling {model_dir} first", file=sys.stderr)
         profile = _run_profile(model_dir, args)
@@ -211,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432",
     )
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument(
+        "--grace-s",
+        type=float,
+        default=25.0,
+        help="on SIGTERM or Ctrl-C, drain for up to this long, then kill (default: %(default)s, "
+        "inside Kubernetes' 30 s default)",
+    )
     serve.set_defaults(run=_serve)
 
     infer = commands.add_parser("infer", help="send one valid random request and print the result")
@@ -307,16 +322,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        return int(args.run(args))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # every failure ends with one clear line, not a traceback
-        from backend.server import ServerError
-
-        known = (ServerError, ConnectionError, OSError, ValueError)
-        if not isinstance(exc, known) and type(exc).__module__.split(".")[0] != "tritonclient":
-            raise
+    except TidepoolError as exc:
         print(f"tidepool {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a server that cannot be reached, or a bug: still one line
+        from tritonclient.utils import InferenceServerException
+
+        if isinstance(exc, (OSError, InferenceServerException)):
+            print(f"tidepool {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+        if os.environ.get("TIDEPOOL_DEBUG"):
+            raise
+        print(
+            f"tidepool {args.command}: unexpected error: {type(exc).__name__}: {exc} "
+            "(a bug in Tidepool; TIDEPOOL_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

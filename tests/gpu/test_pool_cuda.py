@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from pool import MemoryPool, OutOfMemory
+from tidepool.pool import MemoryPool, OutOfMemory
 
 pytestmark = pytest.mark.gpu
 MiB = 2**20
@@ -57,7 +57,7 @@ def test_torch_allocations_come_from_the_pool():
     script = textwrap.dedent(
         """
         import torch
-        from pool import MemoryPool
+        from tidepool.pool import MemoryPool
         pool = MemoryPool("cuda", limit_bytes=1 << 30)
         pool.resource.set_as_device_default()
         before = pool.resource.attribute("USED_MEM_HIGH")

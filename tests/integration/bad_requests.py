@@ -14,8 +14,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from clients.connection import Connection
-from clients.inputs import random_inputs
+from tidepool.clients.connection import Connection
+from tidepool.inputs import random_inputs
 
 MODELS = {"encoder": ("INPUT_IDS", "INT32"), "convnet": ("IMAGE", "FP32")}
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.server import ServerConfig, TritonServer
-from clients.connection import Connection
-from tests.conftest import MODEL_REPOSITORY, TEST_MODELS, linked_repository, model_variant
+from tidepool.clients.connection import Connection
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.testing import MODEL_REPOSITORY, TEST_MODELS, linked_repository, model_variant
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:

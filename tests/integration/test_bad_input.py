@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from clients.metrics import scrape, value
 from tests.integration.bad_requests import CASES, MODELS
+from tidepool.clients.metrics import scrape, value
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from clients.locust_run import LoadSettings, run_load
-from clients.sweep import Sweep, SweepSettings
+from tidepool.clients.locust_run import LoadSettings, run_load
+from tidepool.clients.sweep import Sweep, SweepSettings
 
 
 def test_a_short_sweep_returns_sane_figures(server):

@@ -11,7 +11,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
-from clients.metrics import scrape, value
+from tidepool.clients.metrics import scrape, value
 
 
 def rows_executed(server) -> float:

@@ -7,12 +7,12 @@ import shutil
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from backend.planner import Budgets, plan, write_plan
-from backend.profiler import profile_model
-from backend.server import TritonServer
-from clients.closed_loop import run_closed_loop
-from tests.conftest import MODEL_REPOSITORY
 from tests.integration.conftest import server_config
+from tidepool.clients.closed_loop import run_closed_loop
+from tidepool.launcher.server import TritonServer
+from tidepool.planning.planner import Budgets, plan, write_plan
+from tidepool.planning.profiler import profile_model
+from tidepool.testing import MODEL_REPOSITORY
 
 
 def test_a_planned_config_serves(tmp_path):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from clients.closed_loop import run_closed_loop
-from clients.connection import Connection
-from clients.metrics import scrape, value
+from tidepool.clients.closed_loop import run_closed_loop
+from tidepool.clients.connection import Connection
+from tidepool.clients.metrics import scrape, value
 
 
 def pool_figures(server, model: str) -> dict[str, float]:
@@ -30,27 +30,34 @@ def test_steady_traffic_allocates_nothing_fresh_and_gives_everything_back(server
     after = pool_figures(server, "encoder")
     assert load.errors == [] and len(load.latencies_ms) == 2000
     assert after["upstream_allocs_total"] == before["upstream_allocs_total"]
-    assert after["allocated_bytes"] == before["allocated_bytes"] == 0  # idle: nothing in use
     assert after["reuse_ratio"] >= before["reuse_ratio"] > 0.99
+    # Idle, the pool holds exactly the last execution's blocks (its responses' memory) and no more.
+    one_request = run_closed_loop("encoder", url, concurrency=1, duration_s=60, max_requests=1)
+    held = pool_figures(server, "encoder")["allocated_bytes"]
+    many = run_closed_loop("encoder", url, concurrency=1, duration_s=60, max_requests=30)
+    assert one_request.errors == many.errors == []
+    assert pool_figures(server, "encoder")["allocated_bytes"] == held > 0
     batches = after["batches"] - before["batches"]
     rows = after["batch_rows"] - before["batch_rows"]
     assert rows == 2000 and batches < rows, f"{batches} batches for {rows} rows: nothing batched"
 
 
-def test_a_batch_over_the_pool_limit_is_unavailable_and_the_instance_keeps_serving(server):
-    with Connection.open("grpc", server.config.grpc_url) as grpc:
-        spec = grpc.model_spec("pool_limited")
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_request_over_the_pool_limit_fails_for_good_and_the_instance_keeps_serving(server, protocol):
+    url = server.config.grpc_url if protocol == "grpc" else server.config.http_url
+    with Connection.open(protocol, url) as connection:
+        spec = connection.model_spec("pool_limited")
         big = {"X": np.ones((8, 16384), dtype=np.float32)}
         with pytest.raises(InferenceServerException) as caught:
-            grpc.infer("pool_limited", big, spec)
+            connection.infer_with_retries("pool_limited", big, spec, retries=3)
         message = str(caught.value)
-        assert "memory pool cannot hold this batch" in message and "pool limit 393216 bytes" in message
-        assert "UNAVAILABLE" in message or "StatusCode.UNAVAILABLE" in repr(caught.value)
+        assert "does not fit the model instance's memory pool" in message and "pool limit is 393216" in message
+        # Not UNAVAILABLE ("try again"): this server's pb_utils has no RESOURCE_EXHAUSTED, so INVALID_ARG.
+        assert caught.value.status() in ("StatusCode.INVALID_ARGUMENT", "400")
         small = {"X": np.full((1, 16384), 3.0, dtype=np.float32)}
-        np.testing.assert_array_equal(grpc.infer("pool_limited", small, spec)["Y"], small["X"] * 2)
-        assert grpc.is_ready()
-    figures = pool_figures(server, "pool_limited")
-    assert figures["ooms_total"] >= 1 and figures["allocated_bytes"] == 0
+        np.testing.assert_array_equal(connection.infer("pool_limited", small, spec)["Y"], small["X"] * 2)
+        assert connection.is_ready()
+    assert pool_figures(server, "pool_limited")["ooms_total"] >= 1
 
 
 def page_faults_of_executions(server, grpc: Connection, model: str, executions: int) -> list[float]:

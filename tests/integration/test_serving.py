@@ -10,12 +10,12 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
-from backend.loader import load_model
-from backend.server import ServerError, TritonServer
-from clients.connection import Connection
-from clients.inputs import random_inputs
-from tests.conftest import MODEL_REPOSITORY
 from tests.integration.conftest import server_config
+from tidepool.clients.connection import Connection
+from tidepool.inputs import random_inputs
+from tidepool.launcher.server import ServerError, TritonServer
+from tidepool.runtime.loader import load_model
+from tidepool.testing import MODEL_REPOSITORY
 
 _local_models: dict[str, torch.nn.Module] = {}
 

@@ -13,10 +13,10 @@ import numpy as np
 import psutil
 import pytest
 
-from backend.server import TritonServer
-from clients.closed_loop import run_closed_loop
-from clients.metrics import scrape, value
 from tests.integration.conftest import server_config
+from tidepool.clients.closed_loop import run_closed_loop
+from tidepool.clients.metrics import scrape, value
+from tidepool.launcher.server import TritonServer
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def stub_pid(server: TritonServer, model: str, wait_s: float = 15.0) -> int:
 
 def encoder_only(root):
     """A repository holding just the encoder (a faster server start)."""
-    from tests.conftest import MODEL_REPOSITORY
+    from tidepool.testing import MODEL_REPOSITORY
 
     (root / "encoder").symlink_to(MODEL_REPOSITORY / "encoder", target_is_directory=True)
     return root

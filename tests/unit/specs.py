@@ -6,7 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from backend.config import ModelSpec, parse_model_config
+from tidepool.spec import ModelSpec, parse_model_config
 
 TOKENS_CONFIG = {
     "name": "tokens",

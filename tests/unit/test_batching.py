@@ -1,7 +1,7 @@
 import numpy as np
 
-from backend.batching import gather, split
 from tests.unit.specs import tokens_spec
+from tidepool.runtime.batching import gather, split
 
 SPEC = tokens_spec()
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pool.buddy import BuddyAllocator
+from tidepool.pool.buddy import BuddyAllocator
 
 
 def test_blocks_split_and_merge_back_into_the_whole_arena():

@@ -1,8 +1,8 @@
 import pytest
 
-from backend.config import ConfigError, parse_model_config
-from backend.instance import InstanceSettings
 from tests.unit.specs import TOKENS_CONFIG, tokens_spec
+from tidepool.runtime.instance import InstanceSettings
+from tidepool.spec import ConfigError, parse_model_config
 
 
 def test_specs_carry_dtype_dims_and_declared_range():

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from pool.host_heap import HeapRetention, minor_page_faults, retain_freed_memory
+from tidepool.pool.host_heap import HeapRetention, minor_page_faults, retain_freed_memory
 
 # Allocates, writes and frees 64 MiB three times through malloc; prints the page faults of the
 # last two rounds (the first one maps the memory in either case). Modes: default (glibc as it
 # is), retain (freed memory kept), release (kept, and the free pages released before round 3).
 ROUNDS = """
 import ctypes, sys
-from pool.host_heap import minor_page_faults, release_free_pages, retain_freed_memory
+from tidepool.pool.host_heap import minor_page_faults, release_free_pages, retain_freed_memory
 if sys.argv[1] != "default":
     assert retain_freed_memory().applied
 libc = ctypes.CDLL(None)

@@ -1,17 +1,16 @@
-"""The instance's data path through its pool, and the metrics it reports (fake pb_utils)."""
+"""The instance's data path through its pool: blocks, limits, warm-up, page faults."""
 
+import dataclasses
 import json
 import mmap
 
 import numpy as np
 import pytest
 
-from tests import fake_pb_utils
-
-pb_utils = fake_pb_utils.install()
-from backend.instance import ModelInstance  # noqa: E402
-from backend.model import TritonPythonModel  # noqa: E402
-from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir  # noqa: E402
+from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
+from tidepool.pool.host_heap import HeapRetention
+from tidepool.runtime.instance import ModelInstance
+from tidepool.spec import ConfigError
 
 
 def config_with(**parameters) -> dict:
@@ -30,14 +29,40 @@ def tokens(rows: int, scale: float = 1.0) -> dict[str, np.ndarray]:
 def test_inputs_and_outputs_live_in_pool_blocks_that_all_come_back(tmp_path):
     instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
     warm = instance.pool.stats()
-    results = instance.execute([tokens(1, 2.0), tokens(3, 0.5)])
-    np.testing.assert_allclose(results[1]["OUT"], tokens(3)["IDS"] * 0.5)
+    with instance.execute([tokens(1, 2.0), tokens(3, 0.5)]) as execution:
+        np.testing.assert_allclose(execution.results[1]["OUT"], tokens(3)["IDS"] * 0.5)
+        arena = instance.pool._arenas[0].host_view
+        assert np.shares_memory(execution.results[0]["OUT"], arena)  # a view of pool memory
+        assert instance.pool.stats().allocated_bytes > 0  # held while the results are in use
     stats = instance.pool.stats()
     assert stats.num_allocs - warm.num_allocs == 3  # IDS, SCALE, OUT: one block each
     assert stats.allocated_bytes == 0 and stats.upstream_allocs == warm.upstream_allocs
-    arena = instance.pool._arenas[0].host_view
-    assert np.shares_memory(results[0]["OUT"], arena)  # the output is a view of pool memory
-    assert instance.batches_run == [4]
+    assert execution.batches == [4]
+
+
+def test_results_of_one_execute_never_share_memory_even_without_a_batch_dimension(tmp_path):
+    config = config_with()
+    config["max_batch_size"] = 0  # each request runs on its own forward pass
+    instance = ModelInstance.load(config, tiny_model_dir(tmp_path))
+    one = {"IDS": np.full(6, 1, dtype=np.int32), "SCALE": np.ones(1, dtype=np.float32)}
+    two = {"IDS": np.full(6, 2, dtype=np.int32), "SCALE": np.ones(1, dtype=np.float32)}
+    execution = instance.execute([one, two])
+    first, second = (result["OUT"] for result in execution.results)
+    assert not np.shares_memory(first, second)
+    np.testing.assert_array_equal(first, np.full(6, 1.0))  # not overwritten by the second pass
+    np.testing.assert_array_equal(second, np.full(6, 2.0))
+    assert execution.batches == [1, 1]
+
+
+def test_the_previous_execution_is_released_by_the_next(tmp_path):
+    instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
+    first = instance.execute([tokens(2)])
+    held = instance.pool.stats().allocated_bytes
+    instance.execute([tokens(2)])
+    assert all(scope.done for scope in first.scopes)
+    assert instance.pool.stats().allocated_bytes == held  # one execution's blocks, not two
+    instance.release()
+    assert instance.pool.stats().allocated_bytes == 0
 
 
 def test_steady_executions_never_go_upstream(tmp_path):
@@ -46,6 +71,7 @@ def test_steady_executions_never_go_upstream(tmp_path):
     rng = np.random.default_rng(0)
     for _ in range(200):
         instance.execute([tokens(int(rng.integers(1, 3))) for _ in range(int(rng.integers(1, 3)))])
+    instance.release()
     stats = instance.pool.stats()
     assert stats.upstream_allocs == warm.upstream_allocs and stats.allocated_bytes == 0
     assert stats.reuse_ratio > 0.99
@@ -56,21 +82,45 @@ def test_pool_off_serves_the_same_results_with_plain_allocation(tmp_path):
     off = ModelInstance.load(config_with(POOL="off"), tiny_model_dir(tmp_path))
     assert off.pool is None
     requests = [tokens(2, 3.0), tokens(1, -1.0)]
-    for a, b in zip(on.execute(requests), off.execute(requests), strict=True):
+    for a, b in zip(on.execute(requests).results, off.execute(requests).results, strict=True):
         np.testing.assert_array_equal(a["OUT"], b["OUT"])
 
 
-def test_a_batch_over_the_pool_limit_is_unavailable_and_the_next_one_is_served(tmp_path):
-    # 256 KiB limit: one arena; the batch of 4 fits, the request of many more rows would not.
-    config = config_with(POOL_LIMIT_BYTES="256KiB")
+def limited_instance(tmp_path, limit: str = "256KiB") -> ModelInstance:
+    # 256 KiB: a request of 4 rows fits, one of 20000 rows (480 KB of IDS alone) does not.
+    config = config_with(POOL_LIMIT_BYTES=limit, POOL_WARMUP_BATCH_SIZES="1")
     config["max_batch_size"] = 40000
-    config["parameters"]["POOL_WARMUP_BATCH_SIZES"] = {"string_value": "1"}
+    return ModelInstance.load(config, tiny_model_dir(tmp_path))
+
+
+def test_a_request_too_large_for_the_pool_fails_for_good_and_the_next_one_is_served(tmp_path):
+    instance = limited_instance(tmp_path)
+    [error] = instance.execute([tokens(20000)]).results
+    assert error.code == "RESOURCE_EXHAUSTED"  # retrying cannot help: never UNAVAILABLE
+    assert "this request (20000 row(s)) does not fit the model instance's memory pool" in str(error)
+    assert "needs 480000 bytes more, the pool limit is 262144 bytes" in str(error)
+    with instance.execute([tokens(4)]) as execution:
+        [served] = execution.results
+        assert served["OUT"].shape == (4, 6)
+    assert instance.pool.stats().allocated_bytes == 0
+
+
+def test_a_batch_too_large_for_the_pool_is_split_so_each_request_that_fits_is_served(tmp_path):
+    instance = limited_instance(tmp_path, "512KiB")
+    requests = [tokens(3000, 1.0), tokens(3000, 2.0), tokens(3000, 3.0)]  # 9000 rows do not fit
+    execution = instance.execute(requests)
+    assert all(isinstance(result, dict) for result in execution.results)
+    for scale, result in zip((1.0, 2.0, 3.0), execution.results, strict=True):
+        np.testing.assert_allclose(result["OUT"], tokens(3000)["IDS"] * scale)
+    assert execution.batches == [3000, 3000, 3000]  # halves, then halves again, as they fit
+
+
+def test_warm_up_skips_a_batch_size_the_pool_cannot_hold_instead_of_failing_the_load(tmp_path):
+    config = config_with(POOL_LIMIT_BYTES="256KiB")
+    config["max_batch_size"] = 40000  # warm-up follows it, and 40000 rows do not fit
     instance = ModelInstance.load(config, tiny_model_dir(tmp_path))
-    [error] = instance.execute([tokens(20000)])
-    assert error.code == "UNAVAILABLE"
-    assert "memory pool cannot hold this batch: asked 480000 bytes, pool limit 262144 bytes" in str(error)
-    [served] = instance.execute([tokens(4)])
-    assert served["OUT"].shape == (4, 6) and instance.pool.stats().allocated_bytes == 0
+    assert set(instance.warmup_rounds) == {1}
+    assert "warm-up skipped batch size 40000: it does not fit POOL_LIMIT_BYTES" in instance.describe()
 
 
 @pytest.mark.parametrize(
@@ -78,50 +128,37 @@ def test_a_batch_over_the_pool_limit_is_unavailable_and_the_next_one_is_served(t
     [
         ({"POOL": "maybe"}, "parameter POOL: expected one of on, off"),
         ({"POOL_LIMIT_BYTES": "lots"}, "parameter POOL_LIMIT_BYTES: expected a size like 512MiB"),
-        ({"POOL_WARMUP_BATCH_SIZES": "1,99"}, "POOL_WARMUP_BATCH_SIZES: sizes must be in 1..4"),
+        ({"POOL_WARMUP_BATCH_SIZES": "1,x"}, "POOL_WARMUP_BATCH_SIZES: expected e.g. '1,8,32'"),
+        ({"POOL_WARMUP_BATCH_SIZES": "0,2"}, "POOL_WARMUP_BATCH_SIZES: sizes must be 1 or more"),
         ({"POOL_KIND": "gpu"}, "parameter POOL_KIND: expected one of auto, host, pinned, cuda"),
         ({"POOL_RETAIN_HEAP": "yes"}, "parameter POOL_RETAIN_HEAP: expected one of true, false"),
     ],
 )
 def test_bad_pool_parameters_are_named(tmp_path, parameters, message):
-    from backend.config import ConfigError
-
     with pytest.raises(ConfigError, match=message):
         ModelInstance.load(config_with(**parameters), tiny_model_dir(tmp_path))
 
 
-def test_the_backend_reports_pool_figures_and_batch_sizes_as_metrics(tmp_path):
-    model = TritonPythonModel()
-    model.initialize(
-        {
-            "model_config": json.dumps(config_with()),
-            "model_repository": str(tiny_model_dir(tmp_path)),
-            "model_name": "tokens",
-            "model_instance_name": "tokens_0",
-        }
-    )
-    request = pb_utils.InferenceRequest([pb_utils.Tensor(name, array) for name, array in tokens(3).items()])
-    model.execute([request, request])
-    families = pb_utils.MetricFamily.registry
-    [upstream] = families["tidepool_pool_upstream_allocs_total"].metrics[-1:]
-    assert upstream.labels == {"model": "tokens", "instance": "tokens_0"}
-    assert upstream.value == model.instance.pool.stats().upstream_allocs >= 1
-    assert families["tidepool_pool_allocated_bytes"].metrics[-1].value == 0
-    assert families["tidepool_batch_size"].metrics[-1].observations == [6.0]
-    assert families["tidepool_pool_reserved_bytes"].metrics[-1].value > 0
-    faults = families["tidepool_page_faults_total"].metrics[-1]
-    assert faults.labels == {"model": "tokens", "instance": "tokens_0"} and faults.value >= 0
-    level, logged = pb_utils.Logger.messages[-1]
-    assert level == "info" and "tokens_0: pool host" in logged and "C heap: glibc" in logged
-    model.finalize()
+def test_warm_up_follows_max_batch_size_and_clamps_sizes_above_it(tmp_path):
+    config = config_with()
+    config["max_batch_size"] = 2
+    default = ModelInstance.load(config, tiny_model_dir(tmp_path))
+    assert default.settings.warmup_batch_sizes == (1, 2) and set(default.warmup_rounds) == {1, 2}
+    config["parameters"]["POOL_WARMUP_BATCH_SIZES"] = {"string_value": "1,8,32"}  # planned for 32
+    clamped = ModelInstance.load(config, tiny_model_dir(tmp_path))
+    assert clamped.settings.warmup_batch_sizes == (1, 2)
+    assert "lists sizes above max_batch_size 2: warming up 1,2 instead" in clamped.describe()
 
 
-def test_the_c_heap_is_kept_only_with_the_pool_on_the_cpu(tmp_path):
+def test_the_c_heap_is_asked_to_keep_memory_only_with_the_pool_on_the_cpu(tmp_path):
     on = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
-    assert on.heap_retention.applied
-    for parameters in ({"POOL": "off"}, {"POOL_RETAIN_HEAP": "false"}):
+    assert on.settings.why_heap_not_kept() is None and on.process.heap.applied
+    for parameters, why in (
+        ({"POOL": "off"}, "POOL=off"),
+        ({"POOL_RETAIN_HEAP": "false"}, "POOL_RETAIN_HEAP"),
+    ):
         instance = ModelInstance.load(config_with(**parameters), tiny_model_dir(tmp_path))
-        assert not instance.heap_retention.applied and "not kept" in instance.heap_retention.reason
+        assert why in instance.settings.why_heap_not_kept()
 
 
 def touch_fresh_memory_in_forward(instance: ModelInstance) -> None:
@@ -138,14 +175,13 @@ def touch_fresh_memory_in_forward(instance: ModelInstance) -> None:
 
 def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
     instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
-    assert instance.page_faults == 0  # warm-up is not counted
+    assert instance.execute([tokens(2)]).page_faults < 256  # warm: nothing fresh
     touch_fresh_memory_in_forward(instance)
-    instance.execute([tokens(2)])
-    assert instance.page_faults >= 256
+    assert instance.execute([tokens(2)]).page_faults >= 256
 
 
 def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path):
-    from backend.instance import WARMUP_MAX_ROUNDS
+    from tidepool.runtime.instance import WARMUP_MAX_ROUNDS
 
     steady = ModelInstance.load(config_with(POOL_WARMUP_BATCH_SIZES="1,4"), tiny_model_dir(tmp_path))
     assert set(steady.warmup_rounds) == {1, 4} and max(steady.warmup_rounds.values()) < WARMUP_MAX_ROUNDS
@@ -153,6 +189,8 @@ def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path):
     steady.warm_up()  # never steady now: every size gets every round, and then it stops
     assert steady.warmup_rounds == {1: WARMUP_MAX_ROUNDS, 4: WARMUP_MAX_ROUNDS}
     off = ModelInstance.load(config_with(POOL="off"), tiny_model_dir(tmp_path))
+    # The heap setting is process-wide and another test's instance kept it: say this process did not.
+    off.process = dataclasses.replace(off.process, heap=HeapRetention(False, "not kept"))
     touch_fresh_memory_in_forward(off)
     off.warm_up()  # without a kept heap, repeating would change nothing
     assert set(off.warmup_rounds.values()) == {1}

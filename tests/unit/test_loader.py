@@ -3,9 +3,9 @@ import os
 import pytest
 import torch
 
-from backend.config import ConfigError, parse_model_config
-from backend.loader import ModelLoadError, load_model
 from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
+from tidepool.runtime.loader import ModelLoadError, load_model
+from tidepool.spec import ConfigError, parse_model_config
 
 
 def spec_with(**parameters):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pool import MemoryPool, OutOfMemory, PoolError, size_class
-from pool.errors import CudaUnavailable
-from pool.memory_pool import SLAB_SIZE, SMALL_ARENA_BYTES
-from pool.resources.fake import FakeResource
+from tidepool.pool import MemoryPool, OutOfMemory, PoolError, size_class
+from tidepool.pool.arena import SLAB_SIZE, SMALL_ARENA_BYTES
+from tidepool.pool.errors import CudaUnavailable
+from tidepool.pool.resources.fake import FakeResource
 
 MiB = 2**20
 
@@ -193,7 +193,7 @@ def test_fake_memory_has_no_host_view():
 
 
 def test_cuda_without_a_driver_names_the_cause_and_auto_falls_back_to_host():
-    from pool import cuda_status
+    from tidepool.pool import cuda_status
 
     available, reason = cuda_status()
     if available:

@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pool import MemoryPool, OutOfMemory
-from pool.resources.fake import FakeResource
+from tidepool.pool import MemoryPool, OutOfMemory
+from tidepool.pool.resources.fake import FakeResource
 
 MiB = 2**20
 sizes = st.one_of(st.integers(0, 4096), st.integers(4096, 64 * 1024), st.integers(64 * 1024, 6 * MiB))

@@ -5,8 +5,10 @@ import stat
 
 import pytest
 
-from backend import server
-from backend.server import PythonBackendFiles, ServerError
+from tidepool import ports
+from tidepool.launcher import discovery as server
+from tidepool.launcher.discovery import PythonBackendFiles, ServerError
+from tidepool.ports import PortInUse
 
 
 def executable(path):
@@ -79,8 +81,8 @@ def test_a_port_in_use_is_named_with_the_flag_to_change_it():
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        with pytest.raises(ServerError, match=f"port {port} on 127.0.0.1 is in use.*--grpc-port"):
-            server.check_port_free("127.0.0.1", port, "--grpc-port")
+        with pytest.raises(PortInUse, match=f"port {port} on 127.0.0.1 is in use.*--grpc-port"):
+            ports.check_port_free("127.0.0.1", port, "--grpc-port")
 
 
 def test_the_environment_puts_the_venv_first_and_libpython_on_the_library_path(monkeypatch):

@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from clients.sweep import LevelResult, ServerSplit, format_table, parse_levels, write_reports
+from tidepool.clients.sweep import (
+    LevelResult,
+    ServerSplit,
+    SweepError,
+    format_table,
+    parse_levels,
+    write_reports,
+)
 
 
 @pytest.mark.parametrize(
@@ -16,7 +23,7 @@ def test_levels_are_parsed(text, levels):
 
 @pytest.mark.parametrize("text", ["0:8:x2", "1:8:x1", "a,b", "8:1:x2", ""])
 def test_bad_levels_are_named(text):
-    with pytest.raises(ValueError, match="levels"):
+    with pytest.raises(SweepError, match="levels"):
         parse_levels(text)
 
 
@@ -58,7 +65,7 @@ def test_reports_are_written_as_csv_json_and_png(tmp_path):
 def test_transient_errors_are_told_apart_from_bad_requests():
     from tritonclient.utils import InferenceServerException
 
-    from clients.connection import is_transient
+    from tidepool.clients.connection import is_transient
 
     assert is_transient(ConnectionRefusedError())
     assert is_transient(InferenceServerException("x", status="StatusCode.UNAVAILABLE"))

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from backend.validation import RequestError, validate_request
 from tests.unit.specs import tokens_spec
+from tidepool.runtime.validation import RequestError, validate_request
 
 SPEC = tokens_spec()
 

@@ -1,1 +1,0 @@
-"""Everything that runs where tritonserver runs: the `tidepool` backend and its launcher."""

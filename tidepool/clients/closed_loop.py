@@ -1,0 +1,82 @@
+"""Closed-loop load: N clients, each sending its next request when the last one is answered,
+for a fixed time. Returns the raw latencies so callers compute their own percentiles."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from tidepool.clients.connection import Connection
+from tidepool.inputs import random_inputs
+
+
+@dataclass
+class LoadResult:
+    concurrency: int
+    duration_s: float
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    batch: int = 1
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.latencies_ms) / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.requests_per_s * self.batch
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+
+
+def run_closed_loop(
+    model: str,
+    url: str,
+    protocol: str = "grpc",
+    concurrency: int = 8,
+    duration_s: float = 10.0,
+    batch: int = 1,
+    max_requests: int | None = None,
+    retries: int = 0,
+) -> LoadResult:
+    """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first."""
+    result = LoadResult(concurrency, duration_s, batch=batch)
+    lock = threading.Lock()
+    began_at: list[float] = []  # set once every client is connected, before any is released
+    start = threading.Barrier(concurrency + 1, action=lambda: began_at.append(time.perf_counter()))
+    sent = [0]
+
+    def client(index: int) -> None:
+        # One connection per client: tritonclient's HTTP client is not thread-safe.
+        with Connection.open(protocol, url) as connection:
+            spec = connection.model_spec(model)
+            inputs = random_inputs(spec, batch=batch, seed=index)
+            start.wait()
+            while time.perf_counter() < began_at[0] + duration_s:
+                with lock:
+                    if max_requests is not None and sent[0] >= max_requests:
+                        return
+                    sent[0] += 1
+                began = time.perf_counter()
+                try:
+                    connection.infer_with_retries(model, inputs, spec, retries=retries)
+                    latency = (time.perf_counter() - began) * 1e3
+                    with lock:
+                        result.latencies_ms.append(latency)
+                except (InferenceServerException, OSError) as exc:
+                    with lock:
+                        result.errors.append(str(exc))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    result.duration_s = time.perf_counter() - began_at[0]
+    return result

@@ -1,0 +1,147 @@
+"""`tidepool load`: a headless Locust run of the Triton users (alone, or one master and N workers on
+this machine), its CSV and HTML reports in one folder, and a verdict: non-zero when any request
+failed or p99 is over the bound."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidepool.clients.connection import DEFAULT_URLS
+from tidepool.errors import TidepoolError
+from tidepool.ports import free_port
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+USER_CLASSES = {"grpc": "TritonGrpcUser", "http": "TritonHttpUser"}
+
+
+@dataclass
+class LoadSettings:
+    model: str
+    users: int = 32
+    spawn_rate: float = 8.0
+    duration: str = "60s"
+    protocol: str = "grpc"
+    url: str | None = None
+    p99_ms: float | None = None
+    workers: int = 0
+    report_dir: Path | None = None
+    batch: int = 1
+    input_data: str | None = None
+    step_users: int | None = None
+    step_seconds: float = 10.0
+
+
+@dataclass
+class LoadSummary:
+    requests: int
+    failures: int
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    report_dir: Path
+    by_worker: dict[str, int]
+
+    def verdict(self, p99_bound_ms: float | None) -> list[str]:
+        problems = []
+        if self.requests == 0:
+            problems.append("no request was answered")
+        if self.failures:
+            problems.append(f"{self.failures} of {self.requests + self.failures} requests failed")
+        if p99_bound_ms is not None and self.p99_ms > p99_bound_ms:
+            problems.append(f"p99 {self.p99_ms:.0f} ms is over the bound of {p99_bound_ms:.0f} ms")
+        return problems
+
+
+class LoadError(TidepoolError):
+    """Locust could not run or wrote no figures."""
+
+
+def _locust_argv(settings: LoadSettings, role: list[str]) -> list[str]:
+    """The locust command line of one process; `role` adds what makes it a master or a worker."""
+    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--loglevel", "WARNING", *role,
+            USER_CLASSES[settings.protocol]]  # fmt: skip
+
+
+def _runner_role(settings: LoadSettings, prefix: Path) -> list[str]:
+    """What the process that runs the test (alone or as the master) is told: where, how much, reports."""
+    url = settings.url or DEFAULT_URLS[settings.protocol]
+    return ["--host", url, "--headless", "--only-summary", "-u", str(settings.users),
+            "-r", str(settings.spawn_rate), "-t", settings.duration, "--csv", str(prefix),
+            "--html", str(prefix.parent / "report.html"), "--stop-timeout", "5"]  # fmt: skip
+
+
+def run_load(settings: LoadSettings) -> LoadSummary:
+    if settings.protocol not in USER_CLASSES:
+        raise LoadError(f"protocol must be grpc or http, got {settings.protocol!r}")
+    report_dir = settings.report_dir or Path("reports") / dt.datetime.now().strftime("load-%Y%m%d-%H%M%S")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    prefix = report_dir / "locust"
+    env = dict(os.environ, TIDEPOOL_MODEL=settings.model, TIDEPOOL_BATCH=str(settings.batch))
+    env["TIDEPOOL_WORKER_REPORT"] = str(report_dir / "workers.json")
+    if settings.input_data:
+        env["TIDEPOOL_INPUT_DATA"] = str(Path(settings.input_data).resolve())
+    if settings.step_users:
+        env.update(
+            TIDEPOOL_STEP_USERS=str(settings.step_users), TIDEPOOL_STEP_SECONDS=str(settings.step_seconds)
+        )
+
+    runner = _runner_role(settings, prefix)
+    if settings.workers <= 0:
+        done = subprocess.run(_locust_argv(settings, runner), env=env, stdin=subprocess.DEVNULL)
+        returncode = done.returncode
+    else:
+        port = str(free_port())
+        master_role = ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", port,
+                       "--expect-workers", str(settings.workers),
+                       "--expect-workers-max-wait", "60"]  # fmt: skip
+        worker_role = ["--worker", "--master-host", "127.0.0.1", "--master-port", port]
+        master = subprocess.Popen(
+            _locust_argv(settings, runner + master_role), env=env, stdin=subprocess.DEVNULL
+        )
+        workers = [
+            subprocess.Popen(_locust_argv(settings, worker_role), env=env, stdin=subprocess.DEVNULL)
+            for _ in range(settings.workers)
+        ]
+        returncode = master.wait()
+        for worker in workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+    summary = read_summary(report_dir)
+    if returncode not in (0, 1) and summary.requests == 0:  # Locust exits 1 on any failure
+        raise LoadError(f"locust exited with code {returncode}; see the output above")
+    return summary
+
+
+def read_summary(report_dir: Path) -> LoadSummary:
+    stats = report_dir / "locust_stats.csv"
+    if not stats.is_file():
+        raise LoadError(f"locust wrote no statistics ({stats} is missing)")
+    with stats.open() as handle:
+        aggregated = next((row for row in csv.DictReader(handle) if row["Name"] == "Aggregated"), None)
+    if aggregated is None:
+        raise LoadError(f"{stats} has no Aggregated row")
+    workers_file = report_dir / "workers.json"
+    by_worker = json.loads(workers_file.read_text()) if workers_file.is_file() else {}
+
+    def number(key: str) -> float:
+        text = aggregated.get(key, "") or "0"
+        return float(text) if text != "N/A" else 0.0
+
+    return LoadSummary(
+        requests=int(number("Request Count")) - int(number("Failure Count")),
+        failures=int(number("Failure Count")),
+        requests_per_s=number("Requests/s"),
+        p50_ms=number("50%"),
+        p99_ms=number("99%"),
+        report_dir=report_dir,
+        by_worker=by_worker,
+    )

@@ -1,0 +1,133 @@
+"""Locust users for any Triton server: a gRPC user (gevent-patched gRPC) and an HTTP user, each
+firing Locust's request event with the real response time and failures.
+
+Chosen by environment (set by `tidepool load`, or by hand):
+  TIDEPOOL_MODEL        model to load (required)
+  TIDEPOOL_BATCH        rows per request (default 1)
+  TIDEPOOL_INPUT_DATA   a .npz or .json file of inputs (default: valid random inputs)
+  TIDEPOOL_STEP_USERS, TIDEPOOL_STEP_SECONDS, TIDEPOOL_STEP_COUNT
+                        a step load: +STEP_USERS every STEP_SECONDS, STEP_COUNT steps
+  TIDEPOOL_WORKER_REPORT  file where the master writes the requests each worker sent
+--host is the server address (host:port of gRPC or HTTP).
+
+    TIDEPOOL_MODEL=encoder locust -f loadtests/locustfile.py --host 127.0.0.1:8001 TritonGrpcUser
+"""
+
+from __future__ import annotations
+
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any channel exists: gRPC then yields to other greenlets
+
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from locust import LoadTestShape, User, events, task  # noqa: E402
+
+from tidepool.clients.connection import Connection  # noqa: E402
+from tidepool.inputs import load_inputs, random_inputs  # noqa: E402
+
+__all__ = ["TritonGrpcUser", "TritonHttpUser"]  # and StepLoad, when a step load is asked for
+
+
+class TritonRequestFailed(Exception):
+    """A failed inference as Locust reports it: the server's own message, not a bare class name."""
+
+
+class TritonUser(User):
+    abstract = True
+    protocol = "grpc"
+
+    def on_start(self) -> None:
+        self.model = os.environ.get("TIDEPOOL_MODEL", "")
+        if not self.model:
+            raise RuntimeError("set TIDEPOOL_MODEL to the model to load")
+        host = (self.host or "").removeprefix("http://").removeprefix("grpc://")
+        self.connection = Connection.open(self.protocol, host or None)
+        self.spec = self.connection.model_spec(self.model)
+        data = os.environ.get("TIDEPOOL_INPUT_DATA")
+        batch = int(os.environ.get("TIDEPOOL_BATCH", "1"))
+        self.inputs = load_inputs(data, self.spec) if data else random_inputs(self.spec, batch=batch)
+
+    def on_stop(self) -> None:
+        self.connection.close()
+
+    @task
+    def infer(self) -> None:
+        began = time.perf_counter()
+        error: Exception | None = None
+        length = 0
+        try:
+            outputs = self.connection.infer(self.model, self.inputs, self.spec)
+            length = sum(array.nbytes for array in outputs.values())
+        except Exception as exc:  # every failure is reported to Locust, none ends the user
+            error = TritonRequestFailed(str(exc) or type(exc).__name__)
+        self.environment.events.request.fire(
+            request_type=self.protocol,
+            name=self.model,
+            response_time=(time.perf_counter() - began) * 1e3,
+            response_length=length,
+            exception=error,
+            context={},
+        )
+
+
+class TritonGrpcUser(TritonUser):
+    protocol = "grpc"
+
+
+class TritonHttpUser(TritonUser):
+    protocol = "http"
+
+
+if os.environ.get("TIDEPOOL_STEP_USERS"):
+
+    class StepLoad(LoadTestShape):
+        """+STEP_USERS users every STEP_SECONDS, for STEP_COUNT steps, then stop."""
+
+        step_users = int(os.environ["TIDEPOOL_STEP_USERS"])
+        step_seconds = float(os.environ.get("TIDEPOOL_STEP_SECONDS", "10"))
+        step_count = int(os.environ.get("TIDEPOOL_STEP_COUNT", "4"))
+
+        def tick(self):
+            elapsed = self.get_run_time()
+            step = int(elapsed // self.step_seconds)
+            if step >= self.step_count:
+                return None
+            users = self.step_users * (step + 1)
+            return users, users
+
+    __all__.append("StepLoad")
+
+
+# Per-worker request counts in distributed runs: workers add theirs to each report, the master
+# sums them by worker and writes them out when it quits.
+_sent_here = Counter()
+_by_worker: Counter = Counter()
+
+
+@events.request.add_listener
+def _count(request_type, name, exception=None, **_):
+    if exception is None:
+        _sent_here["requests"] += 1
+
+
+@events.report_to_master.add_listener
+def _report(client_id, data):
+    data["tidepool_requests"] = _sent_here["requests"]
+    _sent_here["requests"] = 0
+
+
+@events.worker_report.add_listener
+def _collect(client_id, data):
+    _by_worker[client_id] += data.get("tidepool_requests", 0)
+
+
+@events.quitting.add_listener
+def _write_worker_report(environment, **_):
+    path = os.environ.get("TIDEPOOL_WORKER_REPORT")
+    if path and _by_worker:
+        with open(path, "w") as handle:
+            json.dump(dict(_by_worker), handle, indent=2)

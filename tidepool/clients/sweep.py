@@ -1,0 +1,316 @@
+"""`tidepool sweep`: latency and throughput of any model on any Triton server, level by level
+(closed-loop concurrency, or open-loop request rate), with the server's own split of the time
+from its statistics API. Each level: a warm-up, then windows until two agree within 10%."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tidepool.clients.aio_workers import Outcome, Worker
+from tidepool.clients.connection import Connection
+from tidepool.errors import TidepoolError
+from tidepool.inputs import load_inputs, random_inputs
+
+
+class SweepError(TidepoolError):
+    """Sweep settings that make no sense; says which."""
+
+
+def parse_levels(text: str) -> list[int]:
+    """'1:32:x2' -> 1, 2, 4, ..., 32; '1:8:+2' -> 1, 3, 5, 7; '1,4,8' -> as given."""
+    try:
+        if ":" not in text:
+            levels = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            start, stop, step = (text.split(":") + ["x2"])[:3]
+            value, stop_value, levels = int(start), int(stop), []
+            grow = (
+                (lambda v: v * int(step[1:]))
+                if step.startswith("x")
+                else (lambda v: v + int(step.lstrip("+")))
+            )
+            while value <= stop_value:
+                levels.append(value)
+                if grow(value) <= value:
+                    raise ValueError
+                value = grow(value)
+    except ValueError:
+        raise SweepError(
+            f"levels: expected START:STOP:xFACTOR, START:STOP:+STEP or a list, got {text!r}"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise SweepError(f"levels: need at least one level of 1 or more, got {text!r}")
+    return levels
+
+
+@dataclass
+class ServerSplit:
+    """Average per-request server time (microseconds) and the average batch it ran in."""
+
+    queue_us: float = 0.0
+    compute_input_us: float = 0.0
+    compute_infer_us: float = 0.0
+    compute_output_us: float = 0.0
+    avg_batch: float = 0.0
+
+    @classmethod
+    def between(cls, before: dict, after: dict) -> ServerSplit:
+        def delta(stats: str, key: str) -> float:
+            def read(source: dict) -> float:
+                return float(source.get("inference_stats", {}).get(stats, {}).get(key, 0))
+
+            return read(after) - read(before)
+
+        def per_request_us(stats: str) -> float:
+            count = delta(stats, "count")
+            return delta(stats, "ns") / count / 1e3 if count else 0.0
+
+        inferences = float(after.get("inference_count", 0)) - float(before.get("inference_count", 0))
+        executions = float(after.get("execution_count", 0)) - float(before.get("execution_count", 0))
+        return cls(
+            queue_us=per_request_us("queue"),
+            compute_input_us=per_request_us("compute_input"),
+            compute_infer_us=per_request_us("compute_infer"),
+            compute_output_us=per_request_us("compute_output"),
+            avg_batch=inferences / executions if executions else 0.0,
+        )
+
+
+@dataclass
+class LevelResult:
+    mode: str  # "concurrency" or "rate"
+    level: float
+    throughput: float  # answered inferences (samples) per second
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    windows: int
+    stable: bool
+    queue_us: float
+    compute_input_us: float
+    compute_infer_us: float
+    compute_output_us: float
+    avg_batch: float
+    first_error: str = ""
+
+
+@dataclass
+class SweepSettings:
+    model: str
+    protocol: str = "grpc"
+    url: str | None = None
+    batch: int = 1
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    request_rates: tuple[float, ...] = ()  # open-loop mode when given
+    window_s: float = 5.0
+    warmup_s: float = 2.0
+    max_windows: int = 5
+    stability: float = 0.10
+    shared_memory: bool = False
+    input_file: str | None = None
+    seed: int = 0
+
+
+def _window_figures(outcome: Outcome, seconds: float, batch: int) -> tuple[float, float]:
+    throughput = len(outcome.latencies_ms) * batch / seconds if seconds else 0.0
+    p99 = float(np.percentile(outcome.latencies_ms, 99)) if outcome.latencies_ms else float("inf")
+    return throughput, p99
+
+
+def _agree(a: float, b: float, tolerance: float) -> bool:
+    return abs(a - b) <= tolerance * max(a, b) if np.isfinite(a) and np.isfinite(b) else False
+
+
+class Sweep:
+    def __init__(self, settings: SweepSettings, progress=None) -> None:
+        self.settings = settings
+        self.progress = progress or (lambda text: None)
+        self.connection = Connection.open(settings.protocol, settings.url)
+        self.spec = self.connection.model_spec(settings.model)
+        if settings.input_file:
+            self.inputs = load_inputs(settings.input_file, self.spec)
+        else:
+            self.inputs = random_inputs(self.spec, batch=settings.batch, seed=settings.seed)
+        self.rows = next(iter(self.inputs.values())).shape[0] if self.spec.batched else 1
+
+    def run(self) -> list[LevelResult]:
+        s = self.settings
+        plan = [("rate", r) for r in s.request_rates] or [("concurrency", c) for c in s.concurrency]
+        results = []
+        for index, (mode, level) in enumerate(plan):
+            self.progress(f"[{index + 1}/{len(plan)}] {mode} {level:g}: warming up")
+            results.append(asyncio.run(self._level(mode, level, f"[{index + 1}/{len(plan)}]")))
+        self.connection.close()
+        return results
+
+    def _stats(self) -> dict:
+        return self.connection.statistics(self.settings.model)["model_stats"][0]
+
+    async def _level(self, mode: str, level: float, tag: str) -> LevelResult:
+        s = self.settings
+        workers_needed = int(level) if mode == "concurrency" else min(256, max(4, int(level)))
+        sync = self.connection.client if s.shared_memory else None
+        workers = [
+            Worker(s.protocol, s.url, s.model, self.spec, self.inputs, s.shared_memory, sync)
+            for _ in range(workers_needed)
+        ]
+        try:
+            await self._window(mode, level, workers, s.warmup_s)
+            before = self._stats()
+            windows: list[tuple[Outcome, float]] = []
+            while len(windows) < s.max_windows:
+                outcome, seconds = await self._window(mode, level, workers, s.window_s)
+                windows.append((outcome, seconds))
+                throughput, p99 = _window_figures(outcome, seconds, self.rows)
+                self.progress(
+                    f"{tag} {mode} {level:g}: window {len(windows)}: "
+                    f"{throughput:.1f} infer/s, p99 {p99:.1f} ms"
+                )
+                if len(windows) >= 2 and self._stable(windows[-2:]):
+                    break
+            after = self._stats()
+        finally:
+            for worker in workers:
+                await worker.close()
+        stable = len(windows) >= 2 and self._stable(windows[-2:])
+        kept = windows[-2:]
+        merged = Outcome()
+        for outcome, _ in kept:
+            merged.add(outcome)
+        seconds = sum(t for _, t in kept)
+        latencies = merged.latencies_ms or [float("nan")]
+        split = ServerSplit.between(before, after)
+        return LevelResult(
+            mode=mode,
+            level=level,
+            throughput=len(merged.latencies_ms) * self.rows / seconds,
+            p50_ms=float(np.percentile(latencies, 50)),
+            p90_ms=float(np.percentile(latencies, 90)),
+            p95_ms=float(np.percentile(latencies, 95)),
+            p99_ms=float(np.percentile(latencies, 99)),
+            requests=len(merged.latencies_ms),
+            errors=len(merged.errors),
+            windows=len(windows),
+            stable=stable,
+            first_error=merged.errors[0] if merged.errors else "",
+            **asdict(split),
+        )
+
+    def _stable(self, pair) -> bool:
+        (a, ta), (b, tb) = pair
+        throughput_a, p99_a = _window_figures(a, ta, self.rows)
+        throughput_b, p99_b = _window_figures(b, tb, self.rows)
+        tolerance = self.settings.stability
+        return _agree(throughput_a, throughput_b, tolerance) and _agree(p99_a, p99_b, tolerance)
+
+    async def _window(
+        self, mode: str, level: float, workers: list[Worker], seconds: float
+    ) -> tuple[Outcome, float]:
+        outcome = Outcome()
+        began = time.perf_counter()
+        deadline = began + seconds
+        if mode == "concurrency":
+
+            async def loop(worker: Worker) -> None:
+                while time.perf_counter() < deadline:
+                    await worker.send(outcome)
+
+            await asyncio.gather(*(loop(w) for w in workers))
+        else:
+            await self._open_loop(level, workers, deadline, outcome)
+        return outcome, time.perf_counter() - began
+
+    @staticmethod
+    async def _open_loop(rate: float, workers: list[Worker], deadline: float, outcome: Outcome) -> None:
+        """Requests at a constant rate, whether or not earlier ones were answered; a request that
+        finds every worker busy is counted as an error (the generator would have to queue it)."""
+        idle = asyncio.Queue()
+        for worker in workers:
+            idle.put_nowait(worker)
+        pending: set[asyncio.Task] = set()
+
+        async def fire(worker: Worker) -> None:
+            try:
+                await worker.send(outcome)
+            finally:
+                idle.put_nowait(worker)
+
+        interval = 1.0 / rate
+        next_send = time.perf_counter()
+        while next_send < deadline:
+            delay = next_send - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if idle.empty():
+                outcome.errors.append("generator: every worker busy; the server is not keeping up")
+            else:
+                task = asyncio.ensure_future(fire(idle.get_nowait()))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            next_send += interval
+        if pending:
+            await asyncio.gather(*pending)
+
+
+# (field, header, width, format) of the printed table
+COLUMNS = [
+    ("level", "level", 7, "g"),
+    ("throughput", "infer/s", 10, ".1f"),
+    ("p50_ms", "p50 ms", 8, ".1f"),
+    ("p90_ms", "p90 ms", 8, ".1f"),
+    ("p95_ms", "p95 ms", 8, ".1f"),
+    ("p99_ms", "p99 ms", 8, ".1f"),
+    ("errors", "errors", 7, "d"),
+    ("avg_batch", "batch", 7, ".2f"),
+    ("queue_us", "queue us", 10, ".0f"),
+    ("compute_infer_us", "infer us", 10, ".0f"),
+    ("stable", "stable", 8, ""),
+]
+
+
+def format_table(results: list[LevelResult]) -> str:
+    lines = ["".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS)]
+    for result in results:
+        values = asdict(result)
+        lines.append("".join(f"{format(values[name], fmt):>{width}}" for name, _, width, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def write_reports(results: list[LevelResult], out: Path, title: str) -> list[Path]:
+    """CSV at `out`, JSON and a PNG plot (throughput vs p99) beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [asdict(r) for r in results]
+    with out.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path = out.with_suffix(".json")
+    json_path.write_text(json.dumps(rows, indent=2))
+    png_path = out.with_suffix(".png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot([r.p99_ms for r in results], [r.throughput for r in results], marker="o")
+    for r in results:
+        axes.annotate(f"{r.mode[0]}={r.level:g}", (r.p99_ms, r.throughput), fontsize=8)
+    axes.set_xlabel("p99 latency (ms)")
+    axes.set_ylabel("throughput (inferences/s)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return [out, json_path, png_path]

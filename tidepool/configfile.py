@@ -1,0 +1,69 @@
+"""config.pbtxt on disk: read as Triton's typed `ModelConfig` protobuf or as the JSON-style dict
+Triton hands to `initialize`, and written through protobuf (never string building), with a comment
+header, parsed back and compared before it replaces the old file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from tidepool.errors import TidepoolError
+
+ModelConfig = model_config_pb2.ModelConfig
+
+
+class ConfigFileError(TidepoolError):
+    """A config.pbtxt that cannot be read, or a config that would not be written faithfully."""
+
+
+def read_config(path: Path | str) -> ModelConfig:
+    path = Path(path)
+    try:
+        return text_format.Parse(path.read_text(), ModelConfig())
+    except FileNotFoundError:
+        raise ConfigFileError(f"{path}: no such file (a model directory needs a config.pbtxt)") from None
+    except text_format.ParseError as exc:
+        raise ConfigFileError(f"{path}: not a valid model config: {exc}") from None
+
+
+def as_dict(config: ModelConfig) -> dict[str, Any]:
+    """The config as the JSON-style dict Triton hands to a backend's `initialize`."""
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+
+
+def read_config_dict(path: Path | str) -> dict[str, Any]:
+    return as_dict(read_config(path))
+
+
+def config_text(config: ModelConfig, header: Sequence[str] = ()) -> str:
+    """The config as config.pbtxt text, with `header` as comment lines on top."""
+    body = text_format.MessageToString(config)
+    if "max_batch_size" not in body:  # proto3 drops a zero; Triton must see it said explicitly
+        body = f"max_batch_size: {config.max_batch_size}\n" + body
+    return "".join(f"# {line}\n" for line in header if line) + body
+
+
+def write_config(path: Path | str, config: ModelConfig, header: Sequence[str] = ()) -> Path:
+    """Write atomically, after checking that the text parses back to exactly `config`."""
+    path = Path(path)
+    text = config_text(config, header)
+    parsed = text_format.Parse(text, ModelConfig())
+    if as_dict(parsed) != as_dict(config):
+        raise ConfigFileError(f"{path}: the text written would not parse back to the same config")
+    temporary = path.with_suffix(".pbtxt.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+    return path
+
+
+def with_parameters(config: ModelConfig, **parameters: str) -> ModelConfig:
+    """A copy of `config` with these backend parameters set (string values, as Triton keeps them)."""
+    edited = ModelConfig()
+    edited.CopyFrom(config)
+    for key, value in parameters.items():
+        edited.parameters[key].string_value = value
+    return edited

@@ -1,0 +1,120 @@
+"""Where tritonserver and its Python backend are, and the backend directory and environment a
+server needs to run Tidepool with this interpreter's virtual environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidepool.errors import TidepoolError
+
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+STUB = "triton_python_backend_stub"
+BACKEND_MODEL = Path(__file__).resolve().parent.parent / "runtime" / "model.py"
+
+
+class ServerError(TidepoolError):
+    """Tritonserver cannot be found, set up or started; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PythonBackendFiles:
+    """The three files Triton's Python backend needs, for the running interpreter."""
+
+    library: Path
+    utils: Path
+    stub: Path
+    # Where the library's own dependencies live when it is copied away from its RPATH.
+    library_dirs: tuple[Path, ...] = ()
+
+
+def _pytriton_server() -> Path | None:
+    # find_spec locates the package without importing it (pytriton's own API is not used).
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binary = Path(list(spec.submodule_search_locations)[0]) / "tritonserver/bin/tritonserver"
+    return binary if binary.is_file() else None
+
+
+def find_tritonserver(explicit: str | os.PathLike | None = None) -> Path:
+    """An explicit path, then $TRITONSERVER, then PATH (NVIDIA's container), then pytriton."""
+    for source, candidate in (("--tritonserver", explicit), ("TRITONSERVER", os.environ.get("TRITONSERVER"))):
+        if candidate:
+            path = Path(candidate)
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise ServerError(f"{source} points at {path}, which is not an executable file")
+            return path
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return Path(on_path)
+    bundled = _pytriton_server()
+    if bundled:
+        return bundled
+    raise ServerError(
+        "no tritonserver found: not given with --tritonserver or $TRITONSERVER, not on PATH, "
+        "and the nvidia-pytriton wheel is not installed. Run `make venv` (it installs the wheel), "
+        "or run inside NVIDIA's Triton container."
+    )
+
+
+def find_python_backend(server: Path) -> PythonBackendFiles:
+    """The Python backend beside `server`, with the stub built for this interpreter's version."""
+    root = server.resolve().parent.parent
+    python_dir = root / "backends" / "python"
+    library = python_dir / "libtriton_python.so"
+    utils = python_dir / "triton_python_backend_utils.py"
+    for path in (library, utils):
+        if not path.is_file():
+            raise ServerError(f"the Python backend is incomplete: {path} is missing")
+    # pytriton ships one stub per Python version; NVIDIA's container has one beside the library.
+    stubs = root / "python_backend_stubs"
+    stub = stubs / PYTHON_VERSION / STUB if stubs.is_dir() else python_dir / STUB
+    if not stub.is_file():
+        have = sorted(p.name for p in stubs.iterdir()) if stubs.is_dir() else []
+        raise ServerError(
+            f"no Python backend stub for Python {PYTHON_VERSION} at {stub}"
+            + (f" (stubs exist for {', '.join(have)}); " if have else "; ")
+            + "create .venv with one of those Python versions (make PYTHON=python3.X venv)"
+        )
+    wheel_libs = root.parent.parent / "nvidia_pytriton.libs"
+    return PythonBackendFiles(library, utils, stub, (wheel_libs,) if wheel_libs.is_dir() else ())
+
+
+def build_backend_directory(files: PythonBackendFiles, target: Path) -> Path:
+    """Lay out <target>/python (library, utils, stub) and <target>/tidepool/model.py.
+
+    Triton refuses a backend library whose real path lies outside the backend directory, so the
+    library and the Python files are copied; the stub is linked (its RPATH follows the link)."""
+    copies = {
+        target / "python" / "libtriton_python.so": files.library,
+        target / "python" / "triton_python_backend_utils.py": files.utils,
+        target / "tidepool" / "model.py": BACKEND_MODEL,
+    }
+    for destination, source in copies.items():
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
+    stub = target / "python" / STUB
+    if stub.is_symlink() or stub.exists():
+        stub.unlink()
+    stub.symlink_to(files.stub.resolve())
+    return target
+
+
+def server_environment(library_dirs: tuple[Path, ...] = ()) -> dict[str, str]:
+    """PATH with this venv's bin/ first (the stub takes that environment's packages) and
+    libpython's directory on LD_LIBRARY_PATH (the stub embeds libpython)."""
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (libdir, *map(str, library_dirs), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    env.pop("PYTHONPATH", None)  # the stub ignores it; keep the server's view honest
+    return env

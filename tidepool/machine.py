@@ -1,0 +1,29 @@
+"""What machine this is, in one line that profiles and generated configs record (cores and CPU
+model, or the GPU's name), so a config planned elsewhere can be recognised as such."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe_cpu(cores: int | None = None) -> str:
+    return f"{cores or os.cpu_count() or 1} cores, {cpu_model()}"
+
+
+def describe_machine(device: str, gpu_name: str | None = None) -> str:
+    """'cpu: 2 cores, <model>' or 'cuda: <GPU name>'."""
+    if device.startswith("cuda"):
+        return f"cuda: {gpu_name or 'unknown GPU'}"
+    return f"cpu: {describe_cpu()}"

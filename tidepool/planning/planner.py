@@ -1,0 +1,284 @@
+"""`tidepool plan`: batcher settings from a profile and budgets, a pure function with one helper
+per setting (each returns its value and the reason for it), and the config.pbtxt that carries
+them. Needs numpy and protobuf, never torch."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidepool.configfile import ModelConfig, model_config_pb2, read_config, write_config
+from tidepool.errors import TidepoolError
+from tidepool.planning.profile import BatchPoint, Profile
+
+MIB = 2**20
+# A size is "clearly faster" when its throughput beats the next larger size's by this much.
+PREFERRED_MARGIN = 1.10
+POOL_HEADROOM = 1.25  # the pool reserves the measured dynamic peak plus this share
+
+
+class PlanError(TidepoolError, ValueError):
+    """The budgets cannot be met; the message says which and by how much."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    memory_bytes: int
+    latency_ms: float
+    headroom: float = 0.8  # use at most this share of the memory budget
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
+    # default_queue_policy roughly halved this backend's throughput (see docs/planning.md).
+    bounded_queue: bool = False
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.headroom * self.memory_bytes
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting of the plan and why it has that value."""
+
+    value: int
+    reason: str
+
+
+@dataclass
+class Plan:
+    max_batch_size: int
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    instance_count: int
+    max_queue_size: int
+    queue_timeout_us: int
+    bounded_queue: bool
+    pool_initial_bytes: int
+    pool_limit_bytes: int
+    reasons: dict[str, str]
+
+    def describe(self) -> str:
+        return "\n".join(
+            f"  {label:<30} {getattr(self, attr)!s:<12} {self.reasons.get(attr, '')}"
+            for label, attr in PLAN_FIELDS
+        )
+
+
+# (name in config.pbtxt, Plan attribute)
+PLAN_FIELDS = [
+    ("max_batch_size", "max_batch_size"),
+    ("preferred_batch_size", "preferred_batch_sizes"),
+    ("max_queue_delay_microseconds", "max_queue_delay_us"),
+    ("instance_group count", "instance_count"),
+    ("max_queue_size", "max_queue_size"),
+    ("default_timeout_microseconds", "queue_timeout_us"),
+    ("POOL_INITIAL_BYTES", "pool_initial_bytes"),
+    ("POOL_LIMIT_BYTES", "pool_limit_bytes"),
+]
+
+
+def worst_latency_ms(point: BatchPoint) -> float:
+    """A request can arrive just after a batch started: it waits for that batch (a typical one,
+    p50) and then runs in its own (the tail, p99)."""
+    return point.latency_p50_ms + point.latency_p99_ms
+
+
+def check_feasible(profile: Profile, budgets: Budgets) -> None:
+    if not profile.points:
+        raise PlanError("the profile has no measured batch size")
+    if profile.predict_bytes(1) > budgets.usable_bytes:
+        raise PlanError(
+            f"the model alone does not fit: batch 1 needs {profile.predict_bytes(1) / MIB:.1f} MiB "
+            f"(weights {profile.static_bytes / MIB:.1f} MiB), {budgets.headroom:.0%} of the budget is "
+            f"{budgets.usable_bytes / MIB:.1f} MiB"
+        )
+    first = min(profile.points, key=lambda p: p.batch)
+    if worst_latency_ms(first) > budgets.latency_ms:
+        raise PlanError(
+            f"batch {first.batch} already takes {first.latency_p99_ms:.1f} ms at p99; a request may wait "
+            f"for the batch before it (p50 {first.latency_p50_ms:.1f} ms) and then run its own, so the "
+            f"latency budget must be at least {worst_latency_ms(first):.1f} ms "
+            f"(it is {budgets.latency_ms} ms)"
+        )
+
+
+def fitting_points(profile: Profile, budgets: Budgets) -> list[BatchPoint]:
+    """Profiled batch sizes that fit the memory budget and leave room in the latency budget."""
+    return sorted(
+        (
+            p
+            for p in profile.points
+            if profile.predict_bytes(p.batch) <= budgets.usable_bytes
+            and worst_latency_ms(p) <= budgets.latency_ms
+        ),
+        key=lambda p: p.batch,
+    )
+
+
+def choose_max_batch_size(profile: Profile, budgets: Budgets, fits: list[BatchPoint]) -> Choice:
+    chosen = fits[-1]
+    memory_limited = any(
+        profile.predict_bytes(p.batch) > budgets.usable_bytes
+        for p in profile.points
+        if p.batch > chosen.batch
+    )
+    return Choice(
+        chosen.batch,
+        f"largest profiled batch with predicted peak {profile.predict_bytes(chosen.batch) / MIB:.1f} MiB "
+        f"<= {budgets.usable_bytes / MIB:.1f} MiB and p50 + p99 {worst_latency_ms(chosen):.1f} ms <= "
+        f"{budgets.latency_ms} ms" + (" (memory stops the next size)" if memory_limited else ""),
+    )
+
+
+def choose_preferred_sizes(fits: list[BatchPoint]) -> tuple[list[int], str]:
+    preferred = [
+        a.batch
+        for a, b in zip(fits, fits[1:], strict=False)
+        if a.throughput >= PREFERRED_MARGIN * b.throughput
+    ]
+    if preferred:
+        return preferred, f"sizes at least {PREFERRED_MARGIN - 1:.0%} faster than the next larger"
+    return [], "no size is clearly faster than a larger one"
+
+
+def choose_queue_delay(chosen: BatchPoint, budgets: Budgets) -> Choice:
+    slack_ms = budgets.latency_ms - worst_latency_ms(chosen)
+    # Waiting longer than one batch's compute time only adds latency: it does not fill batches faster.
+    delay_ms = max(0.0, min(slack_ms, chosen.latency_p50_ms))
+    return Choice(
+        int(delay_ms * 1000),
+        f"min(latency left {slack_ms:.1f} ms, one batch's p50 {chosen.latency_p50_ms:.1f} ms)",
+    )
+
+
+def choose_instance_count(profile: Profile, budgets: Budgets, chosen: BatchPoint) -> Choice:
+    per_instance = profile.predict_bytes(chosen.batch)
+    by_memory = max(1, int(budgets.usable_bytes // per_instance))
+    if profile.device == "cpu":
+        by_compute = max(1, budgets.cores // max(1, profile.torch_threads))
+        compute_reason = f"{budgets.cores} cores / {profile.torch_threads} torch threads = {by_compute}"
+    else:
+        by_compute = 2  # two instances overlap one's host work with the other's kernels
+        compute_reason = "2 per GPU"
+    return Choice(
+        min(by_memory, by_compute),
+        f"min(memory: {by_memory} instances of {per_instance / MIB:.1f} MiB fit, {compute_reason})",
+    )
+
+
+def choose_queue_size(chosen: BatchPoint, budgets: Budgets, instances: int) -> Choice:
+    # Requests that the instances can finish inside the latency budget; more would only queue.
+    batches_in_budget = max(1, math.floor(budgets.latency_ms / chosen.latency_p99_ms))
+    reason = (
+        f"{instances} instance(s) x {batches_in_budget} batch(es) of {chosen.batch} "
+        f"fit in {budgets.latency_ms} ms"
+    )
+    if not budgets.bounded_queue:
+        reason += UNWRITTEN_QUEUE_NOTE
+    return Choice(max(chosen.batch, instances * batches_in_budget * chosen.batch), reason)
+
+
+UNWRITTEN_QUEUE_NOTE = (
+    " (not written: pass --bounded-queue; a queue policy halves throughput on tritonserver 2.51)"
+)
+
+
+def choose_pool_bytes(
+    profile: Profile, budgets: Budgets, chosen: BatchPoint, instances: int
+) -> tuple[Choice, Choice]:
+    limit = int(budgets.memory_bytes / instances)
+    dynamic_peak = profile.predict_bytes(chosen.batch) - profile.static_bytes
+    initial = min(limit, int(POOL_HEADROOM * dynamic_peak))
+    return (
+        Choice(initial, f"dynamic peak at batch {chosen.batch} + {POOL_HEADROOM - 1:.0%}"),
+        Choice(limit, f"the memory budget / {instances} instance(s)"),
+    )
+
+
+def plan(profile: Profile, budgets: Budgets) -> Plan:
+    """Settings from measurements: the largest batch that fits memory and leaves room in the
+    latency budget; instances from memory and cores; a bounded queue that rejects overload."""
+    check_feasible(profile, budgets)
+    fits = fitting_points(profile, budgets)
+    batch = choose_max_batch_size(profile, budgets, fits)
+    chosen = next(p for p in fits if p.batch == batch.value)
+    preferred, preferred_reason = choose_preferred_sizes(fits)
+    delay = choose_queue_delay(chosen, budgets)
+    instances = choose_instance_count(profile, budgets, chosen)
+    queue_size = choose_queue_size(chosen, budgets, instances.value)
+    initial, limit = choose_pool_bytes(profile, budgets, chosen, instances.value)
+    timeout_reason = "a request queued for the whole latency budget is rejected, not served late"
+    return Plan(
+        max_batch_size=batch.value,
+        preferred_batch_sizes=preferred,
+        max_queue_delay_us=delay.value,
+        instance_count=instances.value,
+        max_queue_size=queue_size.value,
+        queue_timeout_us=int(budgets.latency_ms * 1000),
+        bounded_queue=budgets.bounded_queue,
+        pool_initial_bytes=initial.value,
+        pool_limit_bytes=limit.value,
+        reasons={
+            "max_batch_size": batch.reason,
+            "preferred_batch_sizes": preferred_reason,
+            "max_queue_delay_us": delay.reason,
+            "instance_count": instances.reason,
+            "max_queue_size": queue_size.reason,
+            "queue_timeout_us": timeout_reason + ("" if budgets.bounded_queue else UNWRITTEN_QUEUE_NOTE),
+            "pool_initial_bytes": initial.reason,
+            "pool_limit_bytes": limit.reason,
+        },
+    )
+
+
+def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
+    """A copy of `existing` (inputs, outputs, other parameters kept) with the plan's settings.
+    Nothing written depends on max_batch_size staying as planned: warm-up sizes follow it at load."""
+    config = ModelConfig()
+    config.CopyFrom(existing)
+    config.max_batch_size = result.max_batch_size
+    batching = config.dynamic_batching
+    del batching.preferred_batch_size[:]
+    batching.preferred_batch_size.extend(result.preferred_batch_sizes)
+    batching.max_queue_delay_microseconds = result.max_queue_delay_us
+    batching.ClearField("default_queue_policy")
+    if result.bounded_queue:
+        policy = batching.default_queue_policy
+        policy.max_queue_size = result.max_queue_size
+        policy.timeout_action = model_config_pb2.ModelQueuePolicy.REJECT
+        policy.default_timeout_microseconds = result.queue_timeout_us
+        policy.allow_timeout_override = False
+    if not config.instance_group:
+        config.instance_group.add()
+    for group in config.instance_group:
+        group.count = result.instance_count
+    config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
+    config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)
+    config.parameters.pop("POOL_WARMUP_BATCH_SIZES", None)  # follows max_batch_size at load
+    return config
+
+
+def plan_header(profile: Profile, budgets: Budgets, result: Plan) -> list[str]:
+    point = profile.point(result.max_batch_size)
+    return [
+        "Generated by `tidepool plan`; edit the budgets and run it again rather than editing by hand.",
+        f"Planned on: {profile.machine or 'an unrecorded machine'}.",
+        f"Budgets: memory {budgets.memory_bytes / MIB:.0f} MiB x headroom {budgets.headroom}, "
+        f"latency {budgets.latency_ms} ms, {budgets.cores} cores.",
+        f"Profile: {profile.device}, {profile.precision}, {profile.torch_threads} torch threads; static "
+        f"{profile.static_bytes / MIB:.1f} MiB; memory(b) = static + "
+        f"{profile.per_sample_bytes / MIB:.3f} MiB x b + {profile.workspace_bytes / MIB:.3f} MiB.",
+        f"At batch {result.max_batch_size}: p50 {point.latency_p50_ms:.1f} ms, "
+        f"p99 {point.latency_p99_ms:.1f} ms, {point.throughput:.0f} samples/s."
+        if point
+        else "",
+        *(f"{key}: {reason}" for key, reason in result.reasons.items()),
+    ]
+
+
+def write_plan(model_dir: Path, profile: Profile, budgets: Budgets, result: Plan) -> Path:
+    path = model_dir / "config.pbtxt"
+    config = planned_config(read_config(path), result)
+    return write_config(path, config, plan_header(profile, budgets, result))

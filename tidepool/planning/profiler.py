@@ -1,0 +1,194 @@
+"""`tidepool profile`: memory and latency of a model per batch size, measured through the
+backend's own loader, instance and pool (so the process is set up as a served instance's is)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tidepool.configfile import read_config_dict
+from tidepool.errors import TidepoolError
+from tidepool.inputs import random_inputs
+from tidepool.machine import describe_machine
+from tidepool.planning.memory_tracker import TensorMemoryTracker
+from tidepool.planning.profile import BatchPoint, Profile
+from tidepool.runtime.instance import ModelInstance
+
+
+class ProfileError(TidepoolError):
+    """The model could not be measured; says at which batch size and why."""
+
+
+def _instance(model_dir: Path, batch_sizes: Sequence[int], device: str, precision: str) -> ModelInstance:
+    config = read_config_dict(model_dir / "config.pbtxt")  # a fresh dict: ours to change
+    config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
+    parameters = config.setdefault("parameters", {})
+    parameters.update(
+        DEVICE={"string_value": device},
+        PRECISION={"string_value": precision},
+        POOL={"string_value": "on"},
+        POOL_WARMUP_BATCH_SIZES={"string_value": "1"},
+    )
+    for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES"):  # measure, do not cap
+        parameters.pop(key, None)
+    return ModelInstance.load(config, model_dir)
+
+
+def _static_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the weights and buffers (quantized packed weights included), shared ones once."""
+    from torch.utils._pytree import tree_flatten
+
+    seen, total = set(), 0
+    for tensor in tree_flatten(dict(module.state_dict()))[0]:
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        key = id(tensor) if tensor.is_quantized else tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _rows(instance: ModelInstance, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """`batch` requests of one row each, as the dynamic batcher would hand them over."""
+    return [random_inputs(instance.model, batch=1, seed=seed + i) for i in range(batch)]
+
+
+def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_seconds: float) -> BatchPoint:
+    requests = _rows(instance, batch, seed=batch)
+    instance.execute(requests).release()  # warm-up at this size
+    assert instance.pool is not None
+    instance.pool.reset_peak()
+    tracker = TensorMemoryTracker()
+    if instance.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    with tracker, instance.execute(requests) as execution:
+        failure = next((r for r in execution.results if isinstance(r, Exception)), None)
+    if failure is not None:
+        raise ProfileError(f"batch {batch} failed: {failure}")
+    tensor_bytes = tracker.peak_bytes
+    if instance.device.type == "cuda":
+        torch.cuda.synchronize()
+        tensor_bytes = torch.cuda.max_memory_allocated() - base
+    io_bytes = instance.pool.stats().peak_allocated_bytes
+    if len(requests) == 1 and instance.device.type == "cpu":
+        # One request runs in place, not gathered into the pool; its input still takes memory.
+        io_bytes += sum(array.nbytes for array in requests[0].values())
+    latencies = []
+    began = time.perf_counter()
+    while len(latencies) < min_iterations or (
+        time.perf_counter() - began < max_seconds and len(latencies) < 200
+    ):
+        start = time.perf_counter()
+        instance.execute(requests)
+        if instance.device.type == "cuda":
+            torch.cuda.synchronize()
+        latencies.append((time.perf_counter() - start) * 1e3)
+        if time.perf_counter() - began > max_seconds and len(latencies) >= 3:
+            break
+    return BatchPoint(
+        batch=batch,
+        io_bytes=io_bytes,
+        tensor_bytes=tensor_bytes,
+        latency_p50_ms=float(np.percentile(latencies, 50)),
+        latency_p99_ms=float(np.percentile(latencies, 99)),
+        throughput=batch * len(latencies) / (sum(latencies) / 1e3),
+    )
+
+
+def output_difference(model_dir: Path, device: str, precision: str, batch: int) -> dict[str, float]:
+    """How far `precision`'s outputs are from fp32's on the same inputs."""
+    low = _instance(model_dir, [batch], device, precision)
+    full = _instance(model_dir, [batch], device, "fp32")
+    requests = _rows(full, batch, seed=7)
+    differences: dict[str, float] = {}
+    ours_all, reference_all = low.execute(requests).results, full.execute(requests).results
+    for a, b in zip(ours_all, reference_all, strict=True):
+        if isinstance(a, Exception) or isinstance(b, Exception):
+            raise ProfileError(
+                f"comparing {precision} with fp32: a request failed: {a if isinstance(a, Exception) else b}"
+            )
+        for name in b:
+            ours, reference = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
+            differences[f"{name}_max_abs"] = max(
+                differences.get(f"{name}_max_abs", 0.0), float(np.abs(ours - reference).max())
+            )
+            scale = float(np.linalg.norm(reference)) or 1.0
+            differences[f"{name}_rel_l2"] = max(
+                differences.get(f"{name}_rel_l2", 0.0), float(np.linalg.norm(ours - reference)) / scale
+            )
+    low.close()
+    full.close()
+    return differences
+
+
+def profile_model(
+    model_dir: Path | str,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    device: str = "cpu",
+    precision: str = "fp32",
+    max_latency_ms: float | None = None,
+    memory_limit_bytes: int | None = None,
+    min_iterations: int = 10,
+    max_seconds_per_point: float = 3.0,
+    trace_path: Path | None = None,
+    progress: Callable[[str], None] = lambda text: None,
+) -> Profile:
+    model_dir = Path(model_dir)
+    began = time.perf_counter()
+    instance = _instance(model_dir, batch_sizes, device, precision)
+    profile = Profile(
+        model=instance.model.name or model_dir.name,
+        device=device,
+        precision=precision,
+        torch_threads=instance.process.torch_threads,
+        machine=describe_machine(
+            device, torch.cuda.get_device_name(instance.device) if device != "cpu" else None
+        ),
+        static_bytes=_static_bytes(instance.module),
+        points=[],
+    )
+    for index, batch in enumerate(sorted(batch_sizes)):
+        progress(f"[{index + 1}/{len(batch_sizes)}] batch {batch}: measuring")
+        point = measure_point(instance, batch, min_iterations, max_seconds_per_point)
+        profile.points.append(point)
+        progress(
+            f"[{index + 1}/{len(batch_sizes)}] batch {batch}: p99 {point.latency_p99_ms:.1f} ms, "
+            f"{point.throughput:.0f} samples/s, dynamic {point.dynamic_bytes / 2**20:.1f} MiB"
+        )
+        if max_latency_ms is not None and point.latency_p99_ms > max_latency_ms:
+            profile.stopped_because = (
+                f"p99 {point.latency_p99_ms:.1f} ms at batch {batch} > {max_latency_ms} ms"
+            )
+            break
+        total = profile.static_bytes + point.dynamic_bytes
+        if memory_limit_bytes is not None and total > memory_limit_bytes:
+            profile.stopped_because = f"{total} bytes at batch {batch} > limit {memory_limit_bytes}"
+            break
+    profile.fit()
+    if trace_path is not None:
+        _trace(instance, profile.points[-1].batch, trace_path)
+    instance.close()
+    if precision != "fp32":
+        progress(f"comparing {precision} outputs with fp32")
+        profile.output_difference = output_difference(model_dir, device, precision, min(4, max(batch_sizes)))
+    profile.seconds = time.perf_counter() - began
+    return profile
+
+
+def _trace(instance: ModelInstance, batch: int, path: Path) -> None:
+    """A Chrome trace (chrome://tracing, Perfetto) of one batch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if instance.device.type == "cuda" else [])
+    requests = _rows(instance, batch, seed=1)
+    with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        instance.execute(requests).release()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))

@@ -1,0 +1,77 @@
+"""A profile written out for people: the JSON, a Markdown table and three plots (memory, latency,
+throughput against batch size)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tidepool.planning.profile import Profile
+
+
+def write_report(profile: Profile, out_json: Path) -> list[Path]:
+    """profile.json, a Markdown report and three plots beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(profile.to_json())
+    stem = out_json.with_suffix("")
+    batches = [p.batch for p in profile.points]
+    plots = {
+        "memory": ("memory (MiB)", [(profile.static_bytes + p.dynamic_bytes) / 2**20 for p in profile.points],
+                   [p.predicted_bytes / 2**20 for p in profile.points]),
+        "latency": ("latency p50 / p99 (ms)", [p.latency_p50_ms for p in profile.points],
+                    [p.latency_p99_ms for p in profile.points]),
+        "throughput": ("throughput (samples/s)", [p.throughput for p in profile.points], None),
+    }  # fmt: skip
+    written = [out_json]
+    for name, (label, first, second) in plots.items():
+        figure, axes = plt.subplots(figsize=(5, 3.5))
+        axes.plot(batches, first, marker="o", label="measured" if name == "memory" else "p50")
+        if second is not None:
+            axes.plot(batches, second, marker="x", linestyle="--", label="fit" if name == "memory" else "p99")
+            axes.legend()
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("batch size")
+        axes.set_ylabel(label)
+        axes.set_title(f"{profile.model} ({profile.device}, {profile.precision})")
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        path = Path(f"{stem}_{name}.png")
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    report = Path(f"{stem}.md")
+    report.write_text(format_report(profile))
+    written.append(report)
+    return written
+
+
+def format_report(profile: Profile) -> str:
+    mib = 2**20
+    lines = [
+        f"# Profile of {profile.model} ({profile.device}, {profile.precision}, "
+        f"{profile.torch_threads} torch threads)",
+        "",
+        f"static (weights and buffers): {profile.static_bytes / mib:.2f} MiB; fit: memory(b) = static + "
+        f"{profile.per_sample_bytes / mib:.3f} MiB x b + {profile.workspace_bytes / mib:.3f} MiB",
+        f"stopped: {profile.stopped_because}; took {profile.seconds:.1f} s",
+        "",
+        "| batch | dynamic MiB | measured MiB | predicted MiB | error | p50 ms | p99 ms | samples/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in profile.points:
+        measured = (profile.static_bytes + p.dynamic_bytes) / mib
+        lines.append(
+            f"| {p.batch} | {p.dynamic_bytes / mib:.2f} | {measured:.2f} | {p.predicted_bytes / mib:.2f} | "
+            f"{p.fit_error:+.1%} | {p.latency_p50_ms:.1f} | {p.latency_p99_ms:.1f} | {p.throughput:.0f} |"
+        )
+    if profile.output_difference:
+        lines += ["", "output difference against fp32: "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in profile.output_difference.items())]  # fmt: skip
+    worst = max((abs(p.fit_error) for p in profile.points), default=math.nan)
+    lines += ["", f"largest fit error: {worst:.1%}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,49 @@
+"""Arenas (one upstream allocation each, carved by a buddy allocator) and the typed location of a
+block inside one; the sizes that decide which blocks come from slabs and which from buddies."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from tidepool.pool.buddy import BuddyAllocator
+from tidepool.pool.resources.base import Allocation
+from tidepool.pool.slab import Slab
+
+ALIGNMENT = 256  # the smallest block, and the alignment of every block
+SLAB_MAX_BLOCK = 32 * 1024  # blocks up to this size are cut from slabs
+SLAB_SIZE = 256 * 1024  # one slab is one buddy block of this size
+SMALL_ARENA_BYTES = 2 * 2**20  # slabs come from arenas of their own, so they never split large ones
+DEFAULT_ARENA_BYTES = 64 * 2**20
+
+
+def next_power_of_two(nbytes: int) -> int:
+    """The smallest power of two >= nbytes (1 for 0 and 1)."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def size_class(nbytes: int) -> int:
+    """The capacity a request gets: a power of two, at least ALIGNMENT."""
+    return ALIGNMENT if nbytes <= ALIGNMENT else next_power_of_two(nbytes)
+
+
+class Arena:
+    """One upstream allocation, carved by a buddy allocator: into slabs (a small arena) or into
+    large blocks."""
+
+    __slots__ = ("allocation", "base", "size", "buddy", "host_view", "small")
+
+    def __init__(self, allocation: Allocation, small: bool) -> None:
+        self.allocation = allocation
+        self.base = allocation.ptr
+        self.size = allocation.nbytes
+        self.small = small
+        self.buddy = BuddyAllocator(self.size, min_block=SLAB_SIZE if small else 2 * SLAB_MAX_BLOCK)
+        self.host_view = allocation.host_view
+
+
+class Location(NamedTuple):
+    """Where a block lives: its arena, its offset in it, and the slab it was cut from (if any)."""
+
+    arena: Arena
+    offset: int
+    slab: Slab | None

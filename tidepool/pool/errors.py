@@ -1,0 +1,42 @@
+"""The pool's errors: misuse of a block (PoolError) and running out of memory (OutOfMemory)."""
+
+from __future__ import annotations
+
+from tidepool.errors import TidepoolError
+
+
+class PoolError(TidepoolError, RuntimeError):
+    """A block or pool was used wrongly: freed twice, used after free, pool closed, bad size."""
+
+
+class CudaUnavailable(PoolError):
+    """CUDA memory was asked for where there is no usable driver or device; says which."""
+
+
+def _mib(nbytes: int | None) -> str:
+    return "none" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
+
+
+class OutOfMemory(PoolError, MemoryError):
+    """The pool could not serve a request within its limit, after recycling and trimming."""
+
+    def __init__(
+        self,
+        requested: int,
+        allocated: int,
+        reserved: int,
+        limit: int | None,
+        largest_free_block: int,
+        cause: str = "the pool's limit would be exceeded",
+    ) -> None:
+        self.requested = requested
+        self.allocated = allocated
+        self.reserved = reserved
+        self.limit = limit
+        self.largest_free_block = largest_free_block
+        super().__init__(
+            f"out of memory: {cause}: requested {requested} bytes ({_mib(requested)}), "
+            f"allocated {_mib(allocated)}, reserved {_mib(reserved)}, limit {_mib(limit)}, "
+            f"largest free block {_mib(largest_free_block)} (after recycling cached blocks and "
+            "trimming empty arenas)"
+        )

@@ -1,0 +1,446 @@
+"""The memory pool: exact-size free lists in front of slabs (small blocks) and buddy arenas
+(large blocks) that grow on demand from an upstream resource, under a hard limit, with stats,
+execution scopes, and trimming at quiet moments."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tidepool.pool.arena import (
+    ALIGNMENT,
+    DEFAULT_ARENA_BYTES,
+    SLAB_MAX_BLOCK,
+    SLAB_SIZE,
+    SMALL_ARENA_BYTES,
+    Arena,
+    Location,
+    next_power_of_two,
+)
+from tidepool.pool.block import Block
+from tidepool.pool.errors import OutOfMemory, PoolError
+from tidepool.pool.resources.base import MemoryResource
+from tidepool.pool.slab import Slab
+from tidepool.pool.stats import PoolStats
+
+DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
+WORKING_SET_HEADROOM = 1.25
+
+FreeKey = Any  # a capacity, or (stream, capacity) where blocks are reused per stream
+
+
+class ExecutionScope:
+    """The blocks of one execution, and its peak. Blocks allocated on the scope's thread while it
+    collects join it; `release()` gives back every one still live. A scope can stop collecting
+    before it releases, so what an execution returns outlives the work that made it."""
+
+    def __init__(self, pool: MemoryPool, outer: ExecutionScope | None) -> None:
+        self.pool = pool
+        self.outer = outer  # the scope collecting before this one began, restored when it stops
+        self.blocks: list[Block] = []
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.collecting = True
+        self.done = False
+
+    def add(self, block: Block) -> None:
+        block.scope = self
+        self.blocks.append(block)
+        self.live_bytes += block.capacity
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+
+    def released(self, block: Block) -> None:
+        self.live_bytes -= block.capacity
+
+    def mark(self) -> int:
+        """A point to go back to with `release_from` (e.g. before an attempt that may fail)."""
+        return len(self.blocks)
+
+    def release_from(self, mark: int) -> None:
+        """Give back the blocks allocated since `mark`; the earlier ones stay."""
+        for block in self.blocks[mark:]:
+            if not block.freed:
+                block.free()
+        del self.blocks[mark:]
+
+    def stop_collecting(self) -> None:
+        if self.collecting:
+            self.collecting = False
+            self.pool._end_collecting(self)
+
+    def release(self) -> None:
+        """Give back every block still live (once; later calls do nothing)."""
+        if self.done:
+            return
+        self.stop_collecting()
+        self.release_from(0)
+        self.done = True
+        self.pool._end_execution(self)
+
+
+class _ThreadState(threading.local):
+    scope: ExecutionScope | None = None  # a class default: reading it never misses (a miss is slow)
+
+
+def _make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[MemoryResource, str]:
+    from tidepool.pool.resources.driver import cuda_status
+    from tidepool.pool.resources.host import HostResource
+
+    if kind == "auto":
+        available, reason = cuda_status(device)
+        kind = "cuda" if available else "host"
+        if not available:
+            return HostResource(), f"auto: host memory, because {reason}"
+        reason = f"auto: CUDA device {device} ({reason})"
+    else:
+        reason = f"asked for {kind}"
+    if kind == "host":
+        return HostResource(), reason
+    if kind == "pinned":
+        from tidepool.pool.resources.pinned import PinnedResource
+
+        return PinnedResource(device), reason
+    if kind == "cuda":
+        from tidepool.pool.resources.cuda import CudaResource
+
+        return CudaResource(device, limit_bytes), reason
+    raise PoolError(f"kind must be auto, host, pinned or cuda, got {kind!r}")
+
+
+class MemoryPool:
+    """Hands out Blocks; in steady state every block comes from memory it already holds.
+
+    kind: "auto" (CUDA when a driver and device are present, else host), "host", "pinned",
+    "cuda". limit_bytes caps reserved memory; initial_bytes is reserved at creation;
+    fragmentation_threshold triggers recycling and trimming at the end of an execution."""
+
+    def __init__(
+        self,
+        kind: str = "auto",
+        device: int = 0,
+        limit_bytes: int | None = None,
+        initial_bytes: int = 0,
+        arena_bytes: int = DEFAULT_ARENA_BYTES,
+        fragmentation_threshold: float = DEFAULT_FRAGMENTATION_THRESHOLD,
+        resource: MemoryResource | None = None,
+    ) -> None:
+        if limit_bytes is not None and limit_bytes <= 0:
+            raise PoolError(f"limit_bytes must be positive, got {limit_bytes}")
+        if not 0.0 <= fragmentation_threshold <= 1.0:
+            raise PoolError(f"fragmentation_threshold must be in [0, 1], got {fragmentation_threshold}")
+        if resource is None:
+            resource, self.kind_reason = _make_resource(kind, device, limit_bytes)
+        else:
+            self.kind_reason = f"given resource {type(resource).__name__}"
+        self.resource = resource
+        self.kind: str = resource.kind
+        self.device = resource.device
+        self.limit_bytes = limit_bytes
+        self.arena_bytes = next_power_of_two(max(arena_bytes, SLAB_SIZE))
+        self.fragmentation_threshold = fragmentation_threshold
+        # Device and pinned blocks are reused per stream: a block freed on one stream is safe to
+        # hand out again on that stream at once, on another only after synchronising.
+        self._per_stream = self.kind in ("cuda", "pinned")
+
+        self._lock = threading.Lock()
+        self._local = _ThreadState()
+        self._arenas: list[Arena] = []
+        self._free: dict[FreeKey, list[Location]] = {}  # size class (per stream) -> free locations
+        self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size
+        self._closed = False
+        self._active_scopes = 0
+        self._working_set = 0  # the largest execution peak seen
+        self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
+        self._num_allocs = self._num_frees = self._free_list_hits = self._held_hits = 0
+        self._upstream_allocs = self._upstream_frees = self._num_ooms = 0
+        self.initial_bytes = initial_bytes
+        if initial_bytes > 0:
+            with self._lock:
+                self._add_arena(next_power_of_two(max(initial_bytes, SLAB_SIZE)), None, small=False)
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: Any = None) -> Block:
+        """A block of at least `nbytes`, aligned to 256 bytes; OutOfMemory past the limit."""
+        if type(nbytes) is not int or nbytes < 0:
+            raise PoolError(f"allocate: nbytes must be a non-negative int, got {nbytes!r}")
+        capacity = ALIGNMENT if nbytes <= ALIGNMENT else next_power_of_two(nbytes)  # size_class
+        key = (self._stream_key(stream), capacity) if self._per_stream else capacity
+        with self._lock:
+            if self._closed:
+                raise PoolError("allocate: the pool is closed")
+            cached = self._free.get(key)
+            if cached:
+                loc = cached.pop()
+                self._free_list_hits += 1
+            else:
+                loc = self._allocate_uncached(capacity, nbytes, stream)
+            self._num_allocs += 1
+            allocated = self._allocated + capacity
+            self._allocated = allocated
+            if allocated > self._peak_allocated:
+                self._peak_allocated = allocated
+            block = Block(self, loc, nbytes, capacity, stream)
+            scope = self._local.scope
+            if scope is not None:
+                scope.add(block)
+        return block
+
+    def release(self, block: Block) -> None:
+        """Take a block back onto its free list (what `Block.free` calls)."""
+        with self._lock:
+            if block.freed:
+                raise PoolError(f"free: block at {block.ptr:#x} ({block.nbytes} bytes) was already freed")
+            if self._closed:
+                raise PoolError(f"free: the pool of block {block.ptr:#x} is closed")
+            block.freed = True
+            key = (self._stream_key(block.stream), block.capacity) if self._per_stream else block.capacity
+            cached = self._free.get(key)
+            if cached is None:
+                self._free[key] = [block.location]
+            else:
+                cached.append(block.location)
+            self._allocated -= block.capacity
+            self._num_frees += 1
+            if block.scope is not None:
+                block.scope.released(block)
+
+    def _capacity_of(self, key: FreeKey) -> int:
+        """The block size a free-list key stands for (keys carry the stream for device memory)."""
+        return key[1] if self._per_stream else key
+
+    @staticmethod
+    def _stream_key(stream: Any) -> int:
+        if stream is None:
+            return 0
+        return int(getattr(stream, "cuda_stream", stream))  # torch.cuda.Stream or a raw handle
+
+    # -- the slow path (lock held) ----------------------------------------------------------
+
+    def _allocate_uncached(self, capacity: int, nbytes: int, stream: Any) -> Location:
+        loc = self._take_held(capacity)
+        if loc is None:
+            self._recycle()  # cached blocks of other sizes, merged back, may serve it
+            loc = self._take_held(capacity)
+        if loc is not None:
+            self._held_hits += 1  # memory already reserved: a cache hit, though not an exact one
+            return loc
+        return self._grow_and_take(capacity, nbytes, stream)
+
+    def _take_held(self, capacity: int) -> Location | None:
+        """A free location from the slabs or arenas already held, or None."""
+        if capacity <= SLAB_MAX_BLOCK:
+            return self._take_from_slab(capacity)
+        for arena in self._arenas:
+            offset = None if arena.small else arena.buddy.allocate(capacity)
+            if offset is not None:
+                return Location(arena, offset, None)
+        return None
+
+    def _take_from_slab(self, capacity: int) -> Location | None:
+        slabs = self._slabs.setdefault(capacity, [])
+        slab = next((s for s in slabs if s.free_slots), None)
+        if slab is None:
+            for arena in self._arenas:
+                offset = arena.buddy.allocate(SLAB_SIZE) if arena.small else None
+                if offset is not None:
+                    slab = Slab(arena, offset, SLAB_SIZE, capacity)
+                    slabs.append(slab)
+                    break
+            else:
+                return None
+        return Location(slab.arena, slab.free_slots.pop(), slab)
+
+    def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> Location:
+        """Reserve a new arena (trimming empty ones first if that is what it takes)."""
+        small = capacity <= SLAB_MAX_BLOCK
+        need = SLAB_SIZE if small else max(capacity, 2 * SLAB_MAX_BLOCK)
+        cause = ""
+        for trim_first in (False, True):
+            if trim_first:
+                self._recycle()
+                self._release_empty_arenas(keep_bytes=0)
+            size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
+            if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
+                size = need  # the smallest arena that serves this request
+            if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
+                cause = "the pool's limit would be exceeded"
+                continue
+            try:
+                self._add_arena(size, stream, small)
+            except MemoryError as exc:
+                cause = f"upstream {self.kind} memory refused {size} bytes ({exc})"
+                continue
+            taken = self._take_held(capacity)
+            assert taken is not None, "a fresh arena large enough always serves the request"
+            return taken
+        raise self._out_of_memory(nbytes, cause)
+
+    def _out_of_memory(self, nbytes: int, cause: str) -> OutOfMemory:
+        self._num_ooms += 1
+        return OutOfMemory(
+            requested=nbytes,
+            allocated=self._allocated,
+            reserved=self._reserved,
+            limit=self.limit_bytes,
+            largest_free_block=self._largest_free_block(),
+            cause=cause,
+        )
+
+    def _add_arena(self, size: int, stream: Any, small: bool) -> None:
+        allocation = self.resource.allocate(size, self._stream_key(stream) if self._per_stream else None)
+        self._arenas.append(Arena(allocation, small))
+        self._arenas.sort(key=lambda arena: arena.size)  # fill small arenas first
+        self._reserved += size
+        self._upstream_allocs += 1
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def _recycle(self, small_too: bool = True) -> None:
+        """Give cached free blocks back to their buddy allocators, merging buddies. With
+        `small_too` (trim, OOM) small blocks go back to their slabs and empty slabs to their
+        small arenas; otherwise small blocks stay cached, since returning them merges nothing."""
+        for key in list(self._free):
+            if self._capacity_of(key) <= SLAB_MAX_BLOCK and not small_too:
+                continue
+            locs = self._free.pop(key)
+            if self._per_stream and locs:
+                self.resource.synchronize(key[0])
+            for arena, offset, slab in locs:
+                if slab is None:
+                    arena.buddy.release(offset)
+                else:
+                    slab.free_slots.append(offset)
+        if small_too:
+            for slabs in self._slabs.values():
+                for slab in [s for s in slabs if s.empty]:
+                    slab.arena.buddy.release(slab.offset)
+                    slabs.remove(slab)
+
+    def _release_empty_arenas(self, keep_bytes: int) -> int:
+        released = 0
+        for arena in sorted(self._arenas, key=lambda a: a.size, reverse=True):
+            if arena.buddy.empty and self._reserved - arena.size >= keep_bytes:
+                self._arenas.remove(arena)
+                self.resource.deallocate(arena.allocation)
+                self._reserved -= arena.size
+                self._upstream_frees += 1
+                released += arena.size
+        return released
+
+    def _largest_free_block(self) -> int:
+        largest = max((arena.buddy.largest_free() for arena in self._arenas), default=0)
+        cached = max((self._capacity_of(key) for key, locs in self._free.items() if locs), default=0)
+        in_slabs = max(
+            (size for size, slabs in self._slabs.items() if any(s.free_slots for s in slabs)), default=0
+        )
+        return max(largest, cached, in_slabs)
+
+    # -- scopes, maintenance, stats ---------------------------------------------------------
+
+    def begin_execution(self) -> ExecutionScope:
+        """Start collecting this thread's allocations into a new scope; `scope.release()` gives
+        them back (at a quiet moment, with no other execution open, the pool then recycles and
+        trims if fragmentation is high)."""
+        scope = ExecutionScope(self, self._local.scope)
+        self._local.scope = scope
+        with self._lock:
+            self._active_scopes += 1
+        return scope
+
+    @contextmanager
+    def execution(self) -> Iterator[ExecutionScope]:
+        """A scope whose blocks all go back at exit."""
+        scope = self.begin_execution()
+        try:
+            yield scope
+        finally:
+            scope.release()
+
+    def _end_collecting(self, scope: ExecutionScope) -> None:
+        if self._local.scope is scope:
+            self._local.scope = scope.outer
+
+    def _end_execution(self, scope: ExecutionScope) -> None:
+        with self._lock:
+            self._active_scopes -= 1
+            self._working_set = max(self._working_set, scope.peak_bytes)
+            if self._active_scopes == 0:
+                self._maintain()
+
+    def _maintain(self) -> None:
+        if not any(locs for key, locs in self._free.items() if self._capacity_of(key) > SLAB_MAX_BLOCK):
+            return  # only cached large blocks can be merged back; nothing else would change
+        free = self._reserved - self._allocated
+        if free <= 0 or 1 - self._largest_free_block() / free <= self.fragmentation_threshold:
+            return
+        self._recycle(small_too=False)
+        keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
+        self._release_empty_arenas(keep)
+
+    def stats(self, walk_arenas: bool = True) -> PoolStats:
+        """The pool's figures. Without `walk_arenas` the largest free block (and so fragmentation)
+        is left out: the rest are counters, cheap enough to read after every execution."""
+        with self._lock:
+            return PoolStats(
+                kind=self.kind,
+                reserved_bytes=self._reserved,
+                allocated_bytes=self._allocated,
+                peak_reserved_bytes=self._peak_reserved,
+                peak_allocated_bytes=self._peak_allocated,
+                num_allocs=self._num_allocs,
+                num_frees=self._num_frees,
+                cache_hits=self._free_list_hits + self._held_hits,
+                free_list_hits=self._free_list_hits,
+                upstream_allocs=self._upstream_allocs,
+                upstream_frees=self._upstream_frees,
+                largest_free_block=self._largest_free_block() if walk_arenas else None,
+                num_ooms=self._num_ooms,
+                num_arenas=len(self._arenas),
+                live_blocks=self._num_allocs - self._num_frees,
+            )
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak_allocated = self._allocated
+            self._peak_reserved = self._reserved
+            self._working_set = 0
+
+    def trim(self, keep_bytes: int = 0) -> int:
+        """Recycle cached blocks and give empty arenas back upstream while more than
+        `keep_bytes` stays reserved; returns the bytes given back."""
+        with self._lock:
+            self._recycle()
+            released = self._release_empty_arenas(keep_bytes)
+            self.resource.trim(keep_bytes)
+            return released
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Give everything back upstream. Blocks still live become unusable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for arena in self._arenas:
+                self.resource.deallocate(arena.allocation)
+                self._upstream_frees += 1
+            self._arenas.clear()
+            self._free.clear()
+            self._slabs.clear()
+            self._reserved = self._allocated = 0
+        self.resource.close()
+
+    def __enter__(self) -> MemoryPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<MemoryPool {self.kind} reserved={self._reserved} allocated={self._allocated}>"

@@ -1,0 +1,36 @@
+"""Host memory from numpy, page-aligned. The arena's numpy array owns the memory, so a view a
+caller still holds keeps it alive even after the pool lets the arena go."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from tidepool.pool.resources.base import Allocation
+
+PAGE = mmap.PAGESIZE
+
+
+class HostResource:
+    kind = "host"
+    device = None
+
+    def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
+        raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+        shift = (-raw.ctypes.data) % PAGE
+        view = raw[shift : shift + nbytes]
+        return Allocation(view.ctypes.data, nbytes, host_view=view, owner=raw)
+
+    def deallocate(self, allocation: Allocation, stream: int | None = None) -> None:
+        allocation.host_view = None
+        allocation.owner = None
+
+    def synchronize(self, stream: int | None) -> None:
+        pass
+
+    def trim(self, keep_bytes: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,42 @@
+"""Page-locked host memory (cuMemHostAlloc): the staging area for fast host-to-device copies."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from tidepool.pool.resources.base import Allocation
+from tidepool.pool.resources.driver import check, make_context_current, require_cuda
+
+
+class PinnedResource:
+    kind = "pinned"
+
+    def __init__(self, device: int = 0) -> None:
+        require_cuda(device)
+        from cuda.bindings import driver
+
+        self._driver = driver
+        self.device = device
+        make_context_current(device)
+
+    def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
+        flags = self._driver.CU_MEMHOSTALLOC_PORTABLE
+        ptr = int(check(self._driver.cuMemHostAlloc(nbytes, flags)))
+        view = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
+        return Allocation(ptr, nbytes, host_view=view)
+
+    def deallocate(self, allocation: Allocation, stream: int | None = None) -> None:
+        allocation.host_view = None
+        check(self._driver.cuMemFreeHost(allocation.ptr))
+
+    def synchronize(self, stream: int | None) -> None:
+        if stream is not None:
+            check(self._driver.cuStreamSynchronize(stream))
+
+    def trim(self, keep_bytes: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

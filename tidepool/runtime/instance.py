@@ -1,0 +1,319 @@
+"""One model instance, free of Triton: validates the requests of an execution, gathers the valid
+ones into buffers from the instance's memory pool, runs one forward pass, and returns per
+request its outputs or its error. The pool lives as long as the instance."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from tidepool.errors import TidepoolError
+from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
+from tidepool.pool.host_heap import minor_page_faults, release_free_pages
+from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
+from tidepool.runtime.loader import ModelLoadError, load_model
+from tidepool.runtime.process import ProcessRequest, configure_process
+from tidepool.runtime.settings import InstanceSettings, Placement
+from tidepool.runtime.validation import RequestError, validate_request
+from tidepool.spec import ModelSpec, TensorSpec, dims_match, parse_model_config
+
+Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
+Result = Outputs | RequestError
+Requests = Sequence[dict[str, np.ndarray]]
+
+WARMUP_MAX_ROUNDS = 10  # per warm-up batch size, while executions still touch fresh pages
+STEADY_PAGE_FAULTS = 64  # an execution below this many minor faults allocated nothing fresh
+
+
+class ModelOutputError(TidepoolError):
+    """The model's outputs do not match what its config declares."""
+
+
+def apply_precision(module: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """The module in the precision it will run in (weights converted once, at load)."""
+    if precision == "bf16":
+        return module.to(torch.bfloat16)
+    if precision == "fp16":
+        return module.to(torch.float16)
+    if precision == "int8":
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
+    return module
+
+
+@dataclass
+class Execution:
+    """What one `execute` did: a result per request (its outputs or its own error), the rows of
+    each forward pass, and the minor page faults it took. Outputs on the host are views of pool
+    blocks that stay reserved until `release()`, the next `execute` of the instance, or the end of
+    a `with` block: copy what must live longer."""
+
+    results: list[Result]
+    batches: list[int] = field(default_factory=list)
+    page_faults: int = 0
+    scopes: list[ExecutionScope] = field(default_factory=list)
+
+    def release(self) -> None:
+        for scope in self.scopes:
+            scope.release()
+
+    def __enter__(self) -> Execution:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class ModelInstance:
+    def __init__(self, model: ModelSpec, module: torch.nn.Module, settings: InstanceSettings):
+        self.model = model
+        self.settings = settings
+        self.device = torch.device(settings.device)
+        self.process, self.process_notes = configure_process(
+            ProcessRequest(
+                torch_threads=settings.torch_threads,
+                retain_heap=settings.why_heap_not_kept() is None,
+                needs_mha_fastpath_off=settings.precision == "int8",
+            )
+        )
+        self.pool: MemoryPool | None = None
+        self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
+        self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
+        if settings.pool_enabled:
+            self._create_pools()
+        self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
+        self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
+        self.module = apply_precision(module, settings.precision).to(self.device)
+        self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
+        self.warmup_notes: list[str] = []
+        self._held: Execution | None = None  # the last execution, whose blocks its outputs use
+
+    def _create_pools(self) -> None:
+        s = self.settings
+        kind = s.pool_kind
+        if kind == "auto":
+            kind = "cuda" if s.on_gpu else "host"
+        self.pool = MemoryPool(
+            kind,
+            device=s.device_index,
+            limit_bytes=s.pool_limit_bytes,
+            initial_bytes=s.pool_initial_bytes,
+            fragmentation_threshold=s.pool_fragmentation_threshold,
+        )
+        self.staging = self.pool
+        if self.pool.kind == "cuda":
+            self.staging = MemoryPool("pinned", device=s.device_index, limit_bytes=s.pool_limit_bytes)
+            if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+                self.pool.resource.set_as_device_default()  # type: ignore[attr-defined]  # torch's own too
+        self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
+
+    @classmethod
+    def load(
+        cls,
+        model_config: dict[str, Any] | str,
+        model_dir: Path | str,
+        placement: Placement | None = None,
+        cuda_available: Callable[[], bool] | None = None,
+    ) -> ModelInstance:
+        model = parse_model_config(model_config)
+        settings = InstanceSettings.from_spec(model, placement or Placement(), cuda_available)
+        instance = cls(model, load_model(model_dir, model), settings)
+        instance.warm_up()
+        return instance
+
+    def describe(self) -> str:
+        """One line for the log: where the instance runs, its pool, the process's settings."""
+        pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
+        notes = [*self.settings.notes, *self.process_notes, *self.warmup_notes]
+        return (
+            f"{self.settings.device}, {self.settings.precision}; {pool}; {self.process.describe()}"
+            + "".join(f"; NOTE: {note}" for note in notes)
+        )
+
+    def warm_up(self) -> None:
+        """Dummy batches of each warm-up size, so the first real request is not the slow one: the
+        pool reserves what those batches need, and where the C heap keeps freed memory a size is
+        run again until its execution touches no fresh page (glibc 2.36 places a large aligned
+        block anew a few times before it reuses one)."""
+        retained = self.process.heap.applied
+        self.warmup_rounds = {}
+        for size in self.settings.warmup_batch_sizes:
+            inputs = dummy_inputs(self.model, size)
+            for round_number in range(1, (WARMUP_MAX_ROUNDS if retained else 1) + 1):
+                with self.execute([inputs]) as execution:
+                    [result] = execution.results
+                if isinstance(result, RequestError) and result.code == "RESOURCE_EXHAUSTED":
+                    # A config edited to a larger max_batch_size still loads; such batches are refused.
+                    self.warmup_notes.append(
+                        f"warm-up skipped batch size {size}: it does not fit POOL_LIMIT_BYTES"
+                    )
+                    break
+                if isinstance(result, RequestError):
+                    raise ModelLoadError(f"warm-up at batch size {size} failed: {result}")
+                self.warmup_rounds[size] = round_number
+                if execution.page_faults < STEADY_PAGE_FAULTS:
+                    break
+        if retained and self.warmup_rounds:
+            release_free_pages()  # abandoned places stay free chunks but leave the resident set
+            self.execute([dummy_inputs(self.model, max(self.warmup_rounds))]).release()
+
+    def release(self) -> None:
+        """Give back the blocks of the last execution (its outputs become invalid)."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+    def close(self) -> None:
+        self.release()
+        for pool in self.pools:
+            pool.close()
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def execute(self, requests: Requests) -> Execution:
+        """Answer every request, in order: its outputs, or the RequestError that it alone gets.
+        The previous execution's blocks go back first: one execution at a time per instance."""
+        self.release()
+        faults_before = minor_page_faults()
+        scopes = [pool.begin_execution() for pool in self.pools]
+        execution = Execution(results=[], scopes=scopes)
+        try:
+            execution.results = self._execute(requests, execution)
+        except BaseException:
+            execution.release()
+            raise
+        finally:
+            for scope in scopes:
+                scope.stop_collecting()
+        execution.page_faults = minor_page_faults() - faults_before
+        self._held = execution
+        return execution
+
+    def _execute(self, requests: Requests, execution: Execution) -> list[Result]:
+        results: list[Result | None] = [None] * len(requests)
+        valid: list[int] = []
+        batch_sizes: list[int] = []
+        for index, inputs in enumerate(requests):
+            try:
+                batch_sizes.append(validate_request(inputs, self.model, self.settings.allow_nonfinite))
+                valid.append(index)
+            except RequestError as error:
+                results[index] = error
+        if self.model.batched and valid:
+            outcomes = self._run_batch([requests[i] for i in valid], batch_sizes, execution)
+        else:
+            outcomes = [self._run_batch([requests[i]], [1], execution)[0] for i in valid]
+        for index, outcome in zip(valid, outcomes, strict=True):
+            results[index] = outcome
+        assert all(result is not None for result in results)
+        return cast(list[Result], results)
+
+    def _run_batch(self, requests: Requests, batch_sizes: list[int], execution: Execution) -> list[Result]:
+        """One forward pass for these requests. A batch that runs out of memory (the pool's limit
+        or the device's) is retried as two halves; only a request that cannot fit alone fails."""
+        marks = [scope.mark() for scope in execution.scopes]
+        try:
+            return self._forward_split(requests, batch_sizes, execution)
+        except (OutOfMemory, torch.OutOfMemoryError) as error:
+            for scope, mark in zip(execution.scopes, marks, strict=True):
+                scope.release_from(mark)
+            if len(requests) > 1:
+                half = len(requests) // 2
+                return self._run_batch(requests[:half], batch_sizes[:half], execution) + self._run_batch(
+                    requests[half:], batch_sizes[half:], execution
+                )
+            return [self._does_not_fit(error, batch_sizes[0])]
+        except RequestError as error:
+            return [error] * len(requests)
+        except Exception as exc:  # the model's own failure must not take the instance down
+            failure = RequestError(f"the model failed: {type(exc).__name__}: {exc}", code="INTERNAL")
+            return [failure] * len(requests)
+
+    def _forward_split(
+        self, requests: Requests, batch_sizes: list[int], execution: Execution
+    ) -> list[Outputs]:
+        allocate = self._pool_allocate if self.pools else numpy_allocate
+        if not self.model.batched:
+            outputs = self.forward(requests[0], None, allocate)
+            execution.batches.append(1)
+            return [outputs]
+        rows = sum(batch_sizes)
+        if len(requests) == 1 and self.device.type == "cpu":
+            batch = requests[0]  # one request is already a batch: no copy at all
+        else:
+            batch = gather(requests, batch_sizes, self.model, allocate)
+        outputs = split(self.forward(batch, rows, allocate), batch_sizes)
+        execution.batches.append(rows)
+        return outputs
+
+    def _pool_allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        assert self.staging is not None
+        block = self.staging.allocate(math.prod(shape) * dtype.itemsize)
+        return block.as_numpy(dtype, shape)
+
+    def _does_not_fit(self, error: Exception, rows: int) -> RequestError:
+        """A request that alone does not fit: retrying it cannot help where the pool's limit is
+        the cause; the device's own memory may free up."""
+        if isinstance(error, OutOfMemory):
+            return RequestError(
+                f"this request ({rows} row(s)) does not fit the model instance's memory pool: it needs "
+                f"{error.requested} bytes more, the pool limit is {error.limit} bytes ({error.reserved} "
+                "reserved); send fewer rows or raise POOL_LIMIT_BYTES",
+                code="RESOURCE_EXHAUSTED",
+            )
+        return RequestError(f"the device ran out of memory for this request: {error}", code="UNAVAILABLE")
+
+    def forward(
+        self, batch: dict[str, np.ndarray], rows: int | None, allocate: Allocate = numpy_allocate
+    ) -> Outputs:
+        """One forward pass on numpy inputs; outputs checked against the config. On the host the
+        outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
+        tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.compute_dtype is not None:
+            tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
+        if self.device.type == "cuda":
+            # From pinned staging (or pageable memory when the pool is off) onto the device.
+            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
+        with torch.inference_mode():
+            produced = self._name_outputs(self.module(*tensors))
+            outputs: Outputs = {}
+            for spec in self.model.outputs:
+                tensor = produced[spec.name].to(self.output_dtypes[spec.name])
+                _check_shape(spec, tuple(tensor.shape), rows)
+                if self.device.type == "cuda":
+                    outputs[spec.name] = tensor.contiguous()  # sent with from_dlpack
+                elif allocate is numpy_allocate:
+                    outputs[spec.name] = tensor.contiguous().numpy()
+                else:
+                    out = allocate(tuple(tensor.shape), spec.dtype)
+                    torch.from_numpy(out).copy_(tensor)
+                    outputs[spec.name] = out
+        return outputs
+
+    def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
+        names = [spec.name for spec in self.model.outputs]
+        if isinstance(raw, dict):
+            missing = [name for name in names if name not in raw]
+            if missing:
+                raise ModelOutputError(f"the model's output dict lacks {', '.join(missing)}")
+            return raw
+        values = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+        if len(values) != len(names):
+            raise ModelOutputError(
+                f"the model returned {len(values)} outputs, "
+                f"the config declares {len(names)} ({', '.join(names)})"
+            )
+        return dict(zip(names, values, strict=True))
+
+
+def _check_shape(spec: TensorSpec, shape: tuple[int, ...], rows: int | None) -> None:
+    expected = ((rows,) if rows is not None else ()) + spec.dims
+    if not dims_match(shape, expected):
+        raise ModelOutputError(
+            f"output {spec.name} has shape {list(shape)}, the config declares {list(expected)}"
+        )

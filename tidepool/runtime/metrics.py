@@ -1,0 +1,120 @@
+"""Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
+gauges and counters, the page faults of executions, and a histogram of the batch sizes `execute`
+really ran. The pool's counters are read after every execution; its fragmentation, which walks
+its arenas, at most once per FRAGMENTATION_INTERVAL_S."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tidepool.pool import MemoryPool, PoolStats
+
+BATCH_SIZE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+GAUGES = {
+    "tidepool_pool_reserved_bytes": ("reserved_bytes", "Bytes the instance's pool holds from upstream"),
+    "tidepool_pool_allocated_bytes": ("allocated_bytes", "Bytes of the pool's blocks in use"),
+    "tidepool_pool_peak_bytes": ("peak_allocated_bytes", "Peak bytes in use since the instance started"),
+    "tidepool_pool_reuse_ratio": (
+        "reuse_ratio",
+        "Allocations served from memory the pool held / allocations",
+    ),
+    "tidepool_pool_fragmentation": ("fragmentation", "1 - largest free block / free bytes of the pool"),
+}
+COUNTERS = {
+    "tidepool_pool_upstream_allocs_total": ("upstream_allocs", "Allocations the pool asked upstream for"),
+    "tidepool_pool_ooms_total": ("num_ooms", "Allocations the pool refused at its limit"),
+}
+
+
+PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
+
+# Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
+ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
+# Fragmentation needs the largest free block, found by walking every arena under the pool's lock.
+FRAGMENTATION_INTERVAL_S = 1.0
+
+
+class InstanceMetrics:
+    """One instance's metrics; `pb_utils` is passed in so this module imports without Triton."""
+
+    @classmethod
+    def create(cls, pb_utils: Any, model: str, instance: str) -> tuple[InstanceMetrics | None, str]:
+        """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
+        `--allow-metrics=false`, and then refuses to create metric families)."""
+        try:
+            return cls(pb_utils, model, instance), "custom metrics on"
+        except Exception as exc:  # the stub raises TritonModelException; its type is not importable
+            return None, f"custom metrics off (the server refused them: {exc})"
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        family = pb_utils.MetricFamily
+        labels = {"model": model, "instance": instance}
+        # Triton deletes a family's metrics with the family: keep every family alive here.
+        self.families = {
+            name: family(name=name, description=text, kind=kind)
+            for kind, table in ((family.GAUGE, GAUGES), (family.COUNTER, COUNTERS))
+            for name, (_, text) in table.items()
+        }
+        self.families["tidepool_batch_size"] = family(
+            name="tidepool_batch_size",
+            description="Rows of the batches execute ran through the model",
+            kind=family.HISTOGRAM,
+        )
+        self.gauges = {
+            field: self.families[name].Metric(labels=labels) for name, (field, _) in GAUGES.items()
+        }
+        self.counters = {
+            field: self.families[name].Metric(labels=labels) for name, (field, _) in COUNTERS.items()
+        }
+        self.counted = dict.fromkeys(self.counters, 0)
+        self.last: dict[str, float] = {}
+        self.batch_size = self.families["tidepool_batch_size"].Metric(
+            labels=labels, buckets=BATCH_SIZE_BUCKETS
+        )
+        self.families[PAGE_FAULTS] = family(
+            name=PAGE_FAULTS,
+            description="Minor page faults during execute: memory the instance touched afresh",
+            kind=family.COUNTER,
+        )
+        self.page_faults = self.families[PAGE_FAULTS].Metric(labels=labels)
+        self.walked_at = -FRAGMENTATION_INTERVAL_S
+
+    def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
+        """After an execution: its batch sizes, page faults and the pool's figures."""
+        for rows in batches:
+            self.record_batch(rows)
+        self.record_page_faults(page_faults)
+        if pool is not None:
+            now = time.monotonic()
+            walk = now - self.walked_at >= FRAGMENTATION_INTERVAL_S
+            if walk:
+                self.walked_at = now
+            self.record_pool(pool.stats(walk_arenas=walk))
+
+    def record_page_faults(self, count: int) -> None:
+        if count > 0:
+            self.page_faults.increment(count)
+
+    def record_batch(self, rows: int) -> None:
+        if rows > 0:
+            self.batch_size.observe(rows)
+
+    def record_pool(self, stats: PoolStats) -> None:
+        """Send only what changed: each set() is a message from the stub to the server, and this
+        runs after every execution."""
+        values = stats.as_dict()
+        for field, gauge in self.gauges.items():
+            if values[field] is None:
+                continue  # not read this time (fragmentation between walks)
+            current = round(float(values[field]), ROUNDING.get(field, 0))
+            if self.last.get(field) != current:
+                gauge.set(current)
+                self.last[field] = current
+        for field, counter in self.counters.items():
+            grown = int(values[field]) - self.counted[field]
+            if grown > 0:
+                counter.increment(grown)
+                self.counted[field] += grown

@@ -1,0 +1,79 @@
+"""The `tidepool` backend as Triton loads it (copied to <backends>/tidepool/model.py): a thin
+TritonPythonModel that turns pb_utils objects into numpy and back around `ModelInstance`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tidepool.runtime.process import choose_cuda_allocator
+
+choose_cuda_allocator()  # before torch can initialise CUDA (the imports below load torch)
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from tidepool.runtime.instance import Execution, ModelInstance  # noqa: E402
+from tidepool.runtime.metrics import InstanceMetrics  # noqa: E402
+from tidepool.runtime.settings import Placement  # noqa: E402
+from tidepool.runtime.validation import RequestError  # noqa: E402
+
+# Error codes this server's pb_utils may lack, and the nearest one it has.
+CODE_FALLBACKS = {"RESOURCE_EXHAUSTED": "INVALID_ARG"}
+
+
+def error_response(error: RequestError) -> Any:
+    name = (
+        error.code
+        if hasattr(pb_utils.TritonError, error.code)
+        else CODE_FALLBACKS.get(error.code, "INTERNAL")
+    )
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(str(error), getattr(pb_utils.TritonError, name))
+    )
+
+
+def output_tensor(name: str, value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        # A view of a pool block. The stub copies it into shared memory after execute returns;
+        # the block stays reserved until the next execute, so nothing overwrites it before then.
+        return pb_utils.Tensor(name, value)
+    from torch.utils.dlpack import to_dlpack
+
+    return pb_utils.Tensor.from_dlpack(name, to_dlpack(value))  # GPU: no copy back to the host
+
+
+def responses_for(execution: Execution) -> list[Any]:
+    responses = []
+    for result in execution.results:
+        if isinstance(result, RequestError):
+            responses.append(error_response(result))
+        else:
+            tensors = [output_tensor(name, value) for name, value in result.items()]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+    return responses
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        # For a model served by a named Python-based backend, model_repository is the model's
+        # own directory (the one that holds config.pbtxt).
+        self.instance = ModelInstance.load(config, args["model_repository"], Placement.from_triton_args(args))
+        self.metrics, metrics_note = InstanceMetrics.create(
+            pb_utils, args["model_name"], args["model_instance_name"]
+        )
+        pb_utils.Logger.log_info(
+            f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
+        )
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        inputs = [{tensor.name(): tensor.as_numpy() for tensor in r.inputs()} for r in requests]
+        execution = self.instance.execute(inputs)
+        responses = responses_for(execution)
+        if self.metrics is not None:
+            self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
+        return responses
+
+    def finalize(self) -> None:
+        self.instance.close()

@@ -1,0 +1,93 @@
+"""Process-wide state, set in one place: torch's thread count, its CUDA allocator backend, the C
+heap's retention of freed memory, and the fused attention fast path. A Triton Python stub serves
+one instance per process; the profiler and tests may hold several, so what is reported is always
+read back from the process, never what one instance asked for."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tidepool.pool.host_heap import HeapRetention, retain_freed_memory
+
+ALLOCATOR_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
+# With cudaMallocAsync, a model's own GPU allocations come from the device's current memory pool,
+# which a GPU instance sets to its own pool.
+ASYNC_ALLOCATOR = "backend:cudaMallocAsync"
+
+
+@dataclass(frozen=True)
+class ProcessRequest:
+    """What one instance needs from the process."""
+
+    torch_threads: int
+    retain_heap: bool  # keep freed C-heap memory (a CPU instance with the pool on)
+    needs_mha_fastpath_off: bool  # int8: quantized Linear has no float weights for the fused path
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """The process's settings as they are now (read back, not remembered)."""
+
+    torch_threads: int
+    cuda_allocator: str  # torch's allocator backend, or why it is not known yet
+    heap: HeapRetention
+    mha_fastpath: bool
+
+    def describe(self) -> str:
+        return (
+            f"torch threads {self.torch_threads}; CUDA allocator {self.cuda_allocator}; "
+            f"C heap: {self.heap.reason}; attention fast path {'on' if self.mha_fastpath else 'off'}"
+        )
+
+
+# Set only by configure_process: what retain_freed_memory answered, and whether any instance
+# configured this process yet (so that changes made for a later one are said in the log).
+_heap = HeapRetention(False, "freed memory not kept: no instance asked for it")
+_configured = False
+
+
+def choose_cuda_allocator() -> None:
+    """Ask for the cudaMallocAsync backend unless the user chose one. torch reads the variable when
+    CUDA initialises, so this must run before the first CUDA call of the process."""
+    os.environ.setdefault(ALLOCATOR_VARIABLE, ASYNC_ALLOCATOR)
+
+
+def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]:
+    """Apply what the instance needs; return the process's state and notes on what it changed for
+    instances that came before (or could not change)."""
+    global _heap, _configured
+    notes = []
+    choose_cuda_allocator()
+    if torch.get_num_threads() != request.torch_threads:
+        if _configured:
+            notes.append(
+                f"torch threads changed from {torch.get_num_threads()} to {request.torch_threads} "
+                "for every instance of this process"
+            )
+        torch.set_num_threads(request.torch_threads)
+    if request.retain_heap and not _heap.applied:
+        _heap = retain_freed_memory()
+        if not _heap.applied:
+            notes.append(_heap.reason)
+    if request.needs_mha_fastpath_off and torch.backends.mha.get_fastpath_enabled():
+        torch.backends.mha.set_fastpath_enabled(False)
+        if _configured:
+            notes.append("the fused attention fast path is now off for every instance of this process")
+    _configured = True
+    return process_state(), notes
+
+
+def process_state() -> ProcessState:
+    if torch.cuda.is_initialized():
+        allocator = torch.cuda.get_allocator_backend()
+    else:
+        allocator = f"not initialised ({ALLOCATOR_VARIABLE}={os.environ.get(ALLOCATOR_VARIABLE, '')})"
+    return ProcessState(
+        torch_threads=torch.get_num_threads(),
+        cuda_allocator=allocator,
+        heap=_heap,
+        mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
+    )

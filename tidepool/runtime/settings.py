@@ -1,0 +1,160 @@
+"""How one model instance runs: the backend parameters of its config.pbtxt, checked once, and where
+Triton placed it (the kind and device of its instance group)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tidepool.spec import ConfigError, ModelSpec
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+POOL_KINDS = ("auto", "host", "pinned", "cuda")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where Triton put this instance: `kind` is Triton's instance kind ("CPU", "GPU", "MODEL"),
+    or None outside Triton (the profiler, tests); `device_id` is the GPU it was given."""
+
+    kind: str | None = None
+    device_id: int = 0
+
+    @classmethod
+    def from_triton_args(cls, args: dict[str, Any]) -> Placement:
+        kind = args.get("model_instance_kind") or None
+        return cls(
+            kind=kind.upper() if kind else None, device_id=int(args.get("model_instance_device_id") or 0)
+        )
+
+
+def resolve_device(parameter: str, placement: Placement, cuda_available: Callable[[], bool]) -> str:
+    """ "cpu" or "cuda:N" from the DEVICE parameter and Triton's placement. The instance group has
+    the last word: a KIND_CPU instance never takes a GPU, a KIND_GPU one takes the GPU Triton gave."""
+    kind = placement.kind
+    if parameter == "cpu" and kind == "GPU":
+        raise ConfigError(
+            "parameter DEVICE is cpu, but the instance_group asks for KIND_GPU; make them agree"
+        )
+    if parameter == "cuda" and kind == "CPU":
+        raise ConfigError(
+            "parameter DEVICE is cuda, but the instance_group asks for KIND_CPU; make them agree"
+        )
+    if parameter == "cpu" or kind == "CPU":
+        return "cpu"
+    if parameter == "cuda" or kind == "GPU":
+        if not cuda_available():
+            raise ConfigError(
+                "this instance is to run on CUDA (parameter DEVICE or instance_group KIND_GPU), "
+                "but torch sees no CUDA device here"
+            )
+        return f"cuda:{placement.device_id}"
+    return f"cuda:{placement.device_id}" if cuda_available() else "cpu"  # auto, outside KIND_CPU/GPU
+
+
+def warmup_batch_sizes(model: ModelSpec) -> tuple[tuple[int, ...], list[str]]:
+    """The warm-up batch sizes, and notes for the log. They follow the config's max_batch_size
+    (1 and the maximum) unless POOL_WARMUP_BATCH_SIZES lists them; sizes above max_batch_size are
+    clamped to it, so a tool that lowers max_batch_size never makes the config fail to load."""
+    if not model.batched:
+        return (1,), []
+    text = model.param("POOL_WARMUP_BATCH_SIZES")
+    if not text:
+        return tuple(sorted({1, model.max_batch_size})), []
+    try:
+        asked = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"parameter POOL_WARMUP_BATCH_SIZES: expected e.g. '1,8,32', got {text!r}"
+        ) from None
+    if not asked or min(asked) < 1:
+        raise ConfigError(f"parameter POOL_WARMUP_BATCH_SIZES: sizes must be 1 or more, got {text!r}")
+    sizes = tuple(sorted({min(size, model.max_batch_size) for size in asked}))
+    notes = []
+    if max(asked) > model.max_batch_size:
+        notes.append(
+            f"POOL_WARMUP_BATCH_SIZES {text} lists sizes above max_batch_size {model.max_batch_size}: "
+            f"warming up {','.join(map(str, sizes))} instead"
+        )
+    return sizes, notes
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    """Backend parameters of config.pbtxt that shape how an instance runs (docs/ lists them)."""
+
+    torch_threads: int
+    allow_nonfinite: bool
+    device: str  # "cpu" or "cuda:N"
+    precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
+    pool_enabled: bool
+    pool_kind: str
+    pool_limit_bytes: int | None
+    pool_initial_bytes: int
+    pool_fragmentation_threshold: float
+    pool_retain_heap: bool  # keep torch's own freed CPU memory for the next execution
+    warmup_batch_sizes: tuple[int, ...]
+    notes: tuple[str, ...] = ()  # what was adjusted at load, for the log
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def device_index(self) -> int:
+        return int(self.device.partition(":")[2] or 0) if self.on_gpu else 0
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: ModelSpec,
+        placement: Placement | None = None,
+        cuda_available: Callable[[], bool] | None = None,
+    ) -> InstanceSettings:
+        if cuda_available is None:
+            import torch
+
+            cuda_available = torch.cuda.is_available
+        device = resolve_device(
+            model.choice_param("DEVICE", DEVICES, "auto"), placement or Placement(), cuda_available
+        )
+        precision = model.choice_param("PRECISION", PRECISIONS, "fp32")
+        if precision == "fp16" and device == "cpu":
+            raise ConfigError("parameter PRECISION: fp16 is for GPU instances; use bf16 or int8 on the CPU")
+        if precision == "int8" and device != "cpu":
+            raise ConfigError("parameter PRECISION: int8 (dynamic quantization) runs on the CPU only")
+        threshold_text = model.param("POOL_FRAGMENTATION_THRESHOLD", "0.10") or "0.10"
+        try:
+            threshold = float(threshold_text)
+        except ValueError:
+            raise ConfigError(
+                f"parameter POOL_FRAGMENTATION_THRESHOLD: not a number: {threshold_text!r}"
+            ) from None
+        sizes, notes = warmup_batch_sizes(model)
+        return cls(
+            torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
+            allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
+            device=device,
+            precision=precision,
+            pool_enabled=model.choice_param("POOL", ("on", "off"), "on") == "on",
+            pool_kind=model.choice_param("POOL_KIND", POOL_KINDS, "auto"),
+            pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
+            pool_initial_bytes=model.bytes_param("POOL_INITIAL_BYTES") or 0,
+            pool_fragmentation_threshold=threshold,
+            pool_retain_heap=model.choice_param("POOL_RETAIN_HEAP", ("true", "false"), "true") == "true",
+            warmup_batch_sizes=sizes,
+            notes=tuple(notes),
+        )
+
+    def why_heap_not_kept(self) -> str | None:
+        """Why torch's freed CPU memory is not kept in the C heap for this instance (None: it is)."""
+        if not self.pool_enabled:
+            return "POOL=off"
+        if not self.pool_retain_heap:
+            return "POOL_RETAIN_HEAP=false"
+        if self.on_gpu:
+            return "a GPU instance (torch's GPU memory comes from the CUDA pool)"
+        return None

@@ -1,0 +1,188 @@
+"""The model's config as every part of Tidepool sees it: typed tensor specs and parameters, parsed
+from the JSON that Triton hands to `initialize` (or that a client reads from the server), with
+clear errors for parameters that make no sense. Needs numpy only: the Python stub imports it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tidepool.errors import TidepoolError
+
+# Triton data types that a torch model can take or give, and their numpy equivalents.
+TRITON_TO_NUMPY: dict[str, np.dtype] = {
+    "TYPE_BOOL": np.dtype(np.bool_),
+    "TYPE_UINT8": np.dtype(np.uint8),
+    "TYPE_INT8": np.dtype(np.int8),
+    "TYPE_INT16": np.dtype(np.int16),
+    "TYPE_INT32": np.dtype(np.int32),
+    "TYPE_INT64": np.dtype(np.int64),
+    "TYPE_FP16": np.dtype(np.float16),
+    "TYPE_FP32": np.dtype(np.float32),
+    "TYPE_FP64": np.dtype(np.float64),
+}
+
+# The wire names (KServe v2 protocol) of the same types, used by clients and error messages.
+TRITON_TO_WIRE: dict[str, str] = {k: k.removeprefix("TYPE_") for k in TRITON_TO_NUMPY}
+
+
+def dims_match(shape: Sequence[int], dims: Sequence[int]) -> bool:
+    """Whether a shape fits declared dims, where -1 takes any size."""
+    return len(shape) == len(dims) and all(want in (-1, got) for got, want in zip(shape, dims, strict=True))
+
+
+def concrete_dims(dims: Sequence[int]) -> tuple[int, ...]:
+    """Declared dims with every variable (-1) dimension taken as 1: the smallest valid shape."""
+    return tuple(1 if d == -1 else d for d in dims)
+
+
+def shape_text(shape: Sequence[int | str]) -> str:
+    """A shape as config.pbtxt and error messages write it: [2, 128]."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class ConfigError(TidepoolError, ValueError):
+    """The model's config.pbtxt asks for something the backend cannot do."""
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """Inclusive bounds a tensor's values must stay within (declared by a config parameter)."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> ValueRange:
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            low, high = (float(p) for p in parts)
+        except ValueError:
+            raise ConfigError(f"{where}: expected 'LOW,HIGH' (inclusive), got {text!r}") from None
+        if low > high:
+            raise ConfigError(f"{where}: LOW {low} is above HIGH {high}")
+        return cls(low, high)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as declared in the config, without the batch dimension."""
+
+    name: str
+    triton_type: str
+    dims: tuple[int, ...]
+    value_range: ValueRange | None = None
+
+    @property
+    def dtype(self) -> np.dtype:
+        return TRITON_TO_NUMPY[self.triton_type]
+
+    @property
+    def wire_type(self) -> str:
+        return TRITON_TO_WIRE[self.triton_type]
+
+    def shape(self, batch: int | None) -> tuple[int, ...]:
+        """The smallest valid shape of this tensor with `batch` rows (no batch dimension if None)."""
+        sample = concrete_dims(self.dims)
+        return sample if batch is None else (batch, *sample)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the backend needs from config.pbtxt: I/O, the batch limit and the string parameters."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 0
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def param(self, key: str, default: str | None = None) -> str | None:
+        return self.parameters.get(key, default)
+
+    def bytes_param(self, key: str) -> int | None:
+        text = self.parameters.get(key)
+        return parse_bytes(text, f"parameter {key}") if text else None
+
+    def choice_param(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = (self.parameters.get(key) or default).strip().lower()
+        if value not in choices:
+            raise ConfigError(f"parameter {key}: expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def int_param(self, key: str, default: int, minimum: int = 0) -> int:
+        text = self.parameters.get(key)
+        if text is None or text == "":
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"parameter {key}: expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise ConfigError(f"parameter {key}: must be at least {minimum}, got {value}")
+        return value
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(text: str, where: str) -> int:
+    """'512MiB', '2GiB', '1.5GB' or a plain number of bytes."""
+    cleaned = text.strip().upper().replace(" ", "")
+    number = cleaned.rstrip("KMGIB")
+    unit = cleaned[len(number) :]
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{where}: expected a size like 512MiB, 2GiB or 1000000, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{where}: a size cannot be negative, got {text!r}")
+    return int(value)
+
+
+def _tensor_specs(entries: list[dict[str, Any]], parameters: dict[str, str], kind: str):
+    specs = []
+    for entry in entries:
+        name = entry["name"]
+        triton_type = entry.get("data_type", "")
+        if triton_type not in TRITON_TO_NUMPY:
+            supported = ", ".join(sorted(TRITON_TO_NUMPY))
+            raise ConfigError(f"{kind} {name}: data_type {triton_type} is not supported ({supported})")
+        dims = tuple(int(d) for d in entry.get("dims", []))
+        range_key = f"range.{name}"
+        value_range = (
+            ValueRange.parse(parameters[range_key], f"parameter {range_key}")
+            if range_key in parameters
+            else None
+        )
+        specs.append(TensorSpec(name, triton_type, dims, value_range))
+    return tuple(specs)
+
+
+def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
+    """Build a ModelSpec from Triton's JSON model config (a dict, or the JSON text itself)."""
+    if isinstance(config, str):
+        config = json.loads(config)
+    parameters = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+    inputs = _tensor_specs(config.get("input", []), parameters, "input")
+    outputs = _tensor_specs(config.get("output", []), parameters, "output")
+    if not inputs or not outputs:
+        raise ConfigError("the model config must declare at least one input and one output")
+    return ModelSpec(
+        name=config.get("name", ""),
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+    )

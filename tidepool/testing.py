@@ -1,0 +1,42 @@
+"""Helpers that tests and benchmarks share, so that no benchmark imports the tests: the checkout's
+example and test models, repositories built from them, variants of a model with other
+parameters. They need a checkout of the repository, not just the installed package."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tidepool.configfile import read_config, with_parameters, write_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+TEST_MODELS = REPO_ROOT / "tests" / "integration" / "models"
+
+
+def linked_repository(root: Path, *sources: Path) -> Path:
+    """The models of `sources` (default: the example and the test models), linked into `root`."""
+    for source in sources or (MODEL_REPOSITORY, TEST_MODELS):
+        for model in source.iterdir():
+            if (model / "config.pbtxt").is_file():
+                (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
+    return root
+
+
+def model_variant(source: Path, target_root: Path, name: str, **parameters: str) -> Path:
+    """A copy of the model at `source` named `name`, with backend parameters overridden."""
+    target = target_root / name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = with_parameters(read_config(source / "config.pbtxt"), **parameters)
+    config.name = name
+    write_config(target / "config.pbtxt", config)
+    return target
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
