@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
 
 from tidepool.errors import TidepoolError
 
-ModelConfig = model_config_pb2.ModelConfig
+__all__ = ["ModelConfig", "ModelQueuePolicy", "read_config", "read_config_dict", "write_config"]
 
 
 class ConfigFileError(TidepoolError):

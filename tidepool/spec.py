@@ -10,11 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tidepool.errors import TidepoolError
 
+Array = npt.NDArray[Any]  # a tensor's data as the backend holds it
+DType = np.dtype[Any]
+
 # Triton data types that a torch model can take or give, and their numpy equivalents.
-TRITON_TO_NUMPY: dict[str, np.dtype] = {
+TRITON_TO_NUMPY: dict[str, DType] = {
     "TYPE_BOOL": np.dtype(np.bool_),
     "TYPE_UINT8": np.dtype(np.uint8),
     "TYPE_INT8": np.dtype(np.int8),
@@ -78,7 +82,7 @@ class TensorSpec:
     value_range: ValueRange | None = None
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> DType:
         return TRITON_TO_NUMPY[self.triton_type]
 
     @property
@@ -151,7 +155,9 @@ def parse_bytes(text: str, where: str) -> int:
     return int(value)
 
 
-def _tensor_specs(entries: list[dict[str, Any]], parameters: dict[str, str], kind: str):
+def _tensor_specs(
+    entries: list[dict[str, Any]], parameters: dict[str, str], kind: str
+) -> tuple[TensorSpec, ...]:
     specs = []
     for entry in entries:
         name = entry["name"]
@@ -172,8 +178,7 @@ def _tensor_specs(entries: list[dict[str, Any]], parameters: dict[str, str], kin
 
 def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
     """Build a ModelSpec from Triton's JSON model config (a dict, or the JSON text itself)."""
-    if isinstance(config, str):
-        config = json.loads(config)
+    config = json.loads(config) if isinstance(config, str) else config
     parameters = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
     inputs = _tensor_specs(config.get("input", []), parameters, "input")
     outputs = _tensor_specs(config.get("output", []), parameters, "output")

@@ -51,7 +51,9 @@ def test_a_request_over_the_pool_limit_fails_for_good_and_the_instance_keeps_ser
         with pytest.raises(InferenceServerException) as caught:
             connection.infer_with_retries("pool_limited", big, spec, retries=3)
         message = str(caught.value)
-        assert "does not fit the model instance's memory pool" in message and "pool limit is 393216" in message
+        assert (
+            "does not fit the model instance's memory pool" in message and "pool limit is 393216" in message
+        )
         # Not UNAVAILABLE ("try again"): this server's pb_utils has no RESOURCE_EXHAUSTED, so INVALID_ARG.
         assert caught.value.status() in ("StatusCode.INVALID_ARGUMENT", "400")
         small = {"X": np.full((1, 16384), 3.0, dtype=np.float32)}

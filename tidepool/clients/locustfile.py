@@ -104,8 +104,8 @@ if os.environ.get("TIDEPOOL_STEP_USERS"):
 
 # Per-worker request counts in distributed runs: workers add theirs to each report, the master
 # sums them by worker and writes them out when it quits.
-_sent_here = Counter()
-_by_worker: Counter = Counter()
+_sent_here: Counter[str] = Counter()
+_by_worker: Counter[str] = Counter()
 
 
 @events.request.add_listener

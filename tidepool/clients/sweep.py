@@ -234,7 +234,7 @@ class Sweep:
     async def _open_loop(rate: float, workers: list[Worker], deadline: float, outcome: Outcome) -> None:
         """Requests at a constant rate, whether or not earlier ones were answered; a request that
         finds every worker busy is counted as an error (the generator would have to queue it)."""
-        idle = asyncio.Queue()
+        idle: asyncio.Queue[Worker] = asyncio.Queue()
         for worker in workers:
             idle.put_nowait(worker)
         pending: set[asyncio.Task] = set()

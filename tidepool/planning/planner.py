@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidepool.configfile import ModelConfig, model_config_pb2, read_config, write_config
+from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, write_config
 from tidepool.errors import TidepoolError
 from tidepool.planning.profile import BatchPoint, Profile
 
@@ -247,7 +247,7 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     if result.bounded_queue:
         policy = batching.default_queue_policy
         policy.max_queue_size = result.max_queue_size
-        policy.timeout_action = model_config_pb2.ModelQueuePolicy.REJECT
+        policy.timeout_action = ModelQueuePolicy.REJECT
         policy.default_timeout_microseconds = result.queue_timeout_us
         policy.allow_timeout_override = False
     if not config.instance_group:

@@ -80,7 +80,7 @@ def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_
     if len(requests) == 1 and instance.device.type == "cpu":
         # One request runs in place, not gathered into the pool; its input still takes memory.
         io_bytes += sum(array.nbytes for array in requests[0].values())
-    latencies = []
+    latencies: list[float] = []
     began = time.perf_counter()
     while len(latencies) < min_iterations or (
         time.perf_counter() - began < max_seconds and len(latencies) < 200

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from tidepool.pool.arena import Arena, Location
 from tidepool.pool.errors import PoolError
@@ -99,7 +100,7 @@ class Block:
     def is_device(self) -> bool:
         return self.owner.kind == "cuda"
 
-    def as_numpy(self, dtype: Any = np.uint8, shape: Sequence[int] | None = None) -> np.ndarray:
+    def as_numpy(self, dtype: Any = np.uint8, shape: Sequence[int] | None = None) -> npt.NDArray[Any]:
         """A numpy view of the block's memory (host and pinned blocks only; no copy)."""
         arena = self._check_live("as_numpy")
         if arena.host_view is None:

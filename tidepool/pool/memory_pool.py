@@ -210,7 +210,8 @@ class MemoryPool:
 
     def _capacity_of(self, key: FreeKey) -> int:
         """The block size a free-list key stands for (keys carry the stream for device memory)."""
-        return key[1] if self._per_stream else key
+        capacity: int = key[1] if self._per_stream else key
+        return capacity
 
     @staticmethod
     def _stream_key(stream: Any) -> int:
@@ -439,7 +440,7 @@ class MemoryPool:
     def __enter__(self) -> MemoryPool:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

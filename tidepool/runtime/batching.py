@@ -7,28 +7,28 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tidepool.spec import ModelSpec
+from tidepool.spec import Array, DType, ModelSpec
 
 # Returns an uninitialised array of this shape and dtype; every element is written by gather.
-Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+Allocate = Callable[[tuple[int, ...], DType], Array]
 
 
-def numpy_allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def numpy_allocate(shape: tuple[int, ...], dtype: DType) -> Array:
     return np.empty(shape, dtype=dtype)
 
 
 def gather(
-    requests: Sequence[dict[str, np.ndarray]],
+    requests: Sequence[dict[str, Array]],
     batch_sizes: Sequence[int],
     model: ModelSpec,
     allocate: Allocate = numpy_allocate,
-) -> dict[str, np.ndarray]:
+) -> dict[str, Array]:
     """Copy each request's rows into one array per input, in request order, with no concatenate.
 
     Only for batched models (max_batch_size > 0): a model without a batch dimension runs each
     request on its own."""
     total = sum(batch_sizes)
-    batch: dict[str, np.ndarray] = {}
+    batch: dict[str, Array] = {}
     for spec in model.inputs:
         sample_shape = requests[0][spec.name].shape[1:]
         out = allocate((total, *sample_shape), spec.dtype)
@@ -40,9 +40,9 @@ def gather(
     return batch
 
 
-def split(outputs: dict[str, np.ndarray], batch_sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
+def split(outputs: dict[str, Array], batch_sizes: Sequence[int]) -> list[dict[str, Array]]:
     """Views of each request's rows of every output (no copy)."""
-    per_request: list[dict[str, np.ndarray]] = []
+    per_request: list[dict[str, Array]] = []
     row = 0
     for rows in batch_sizes:
         per_request.append({name: array[row : row + rows] for name, array in outputs.items()})
@@ -50,7 +50,7 @@ def split(outputs: dict[str, np.ndarray], batch_sizes: Sequence[int]) -> list[di
     return per_request
 
 
-def dummy_inputs(model: ModelSpec, batch: int) -> dict[str, np.ndarray]:
+def dummy_inputs(model: ModelSpec, batch: int) -> dict[str, Array]:
     """A valid batch of `batch` rows (the lowest allowed value everywhere), for warm-up."""
     inputs = {}
     for spec in model.inputs:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 import torch
 
 from tidepool.errors import TidepoolError
@@ -21,11 +20,11 @@ from tidepool.runtime.loader import ModelLoadError, load_model
 from tidepool.runtime.process import ProcessRequest, configure_process
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.runtime.validation import RequestError, validate_request
-from tidepool.spec import ModelSpec, TensorSpec, dims_match, parse_model_config
+from tidepool.spec import Array, DType, ModelSpec, TensorSpec, dims_match, parse_model_config
 
 Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
 Result = Outputs | RequestError
-Requests = Sequence[dict[str, np.ndarray]]
+Requests = Sequence[dict[str, Array]]
 
 WARMUP_MAX_ROUNDS = 10  # per warm-up batch size, while executions still touch fresh pages
 STEADY_PAGE_FAULTS = 64  # an execution below this many minor faults allocated nothing fresh
@@ -42,7 +41,10 @@ def apply_precision(module: torch.nn.Module, precision: str) -> torch.nn.Module:
     if precision == "fp16":
         return module.to(torch.float16)
     if precision == "int8":
-        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
+        quantized: torch.nn.Module = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            module, {torch.nn.Linear}, dtype=torch.qint8
+        )
+        return quantized
     return module
 
 
@@ -236,7 +238,7 @@ class ModelInstance:
 
     def _forward_split(
         self, requests: Requests, batch_sizes: list[int], execution: Execution
-    ) -> list[Outputs]:
+    ) -> list[Result]:
         allocate = self._pool_allocate if self.pools else numpy_allocate
         if not self.model.batched:
             outputs = self.forward(requests[0], None, allocate)
@@ -247,11 +249,11 @@ class ModelInstance:
             batch = requests[0]  # one request is already a batch: no copy at all
         else:
             batch = gather(requests, batch_sizes, self.model, allocate)
-        outputs = split(self.forward(batch, rows, allocate), batch_sizes)
+        per_request: list[Result] = list(split(self.forward(batch, rows, allocate), batch_sizes))
         execution.batches.append(rows)
-        return outputs
+        return per_request
 
-    def _pool_allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def _pool_allocate(self, shape: tuple[int, ...], dtype: DType) -> Array:
         assert self.staging is not None
         block = self.staging.allocate(math.prod(shape) * dtype.itemsize)
         return block.as_numpy(dtype, shape)
@@ -269,7 +271,7 @@ class ModelInstance:
         return RequestError(f"the device ran out of memory for this request: {error}", code="UNAVAILABLE")
 
     def forward(
-        self, batch: dict[str, np.ndarray], rows: int | None, allocate: Allocate = numpy_allocate
+        self, batch: dict[str, Array], rows: int | None, allocate: Allocate = numpy_allocate
     ) -> Outputs:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""

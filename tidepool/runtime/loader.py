@@ -73,9 +73,10 @@ def load_model(model_dir: Path | str, model: ModelSpec) -> torch.nn.Module:
     if factory:
         module = _load_factory(model_dir, factory, model.name)
     else:
+        assert script is not None
         path = resolve_inside(model_dir, script, "TORCHSCRIPT file")
         try:
-            module = torch.jit.load(str(path), map_location="cpu")
+            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise ModelLoadError(f"loading TorchScript {path} failed: {exc}") from exc
     weights = model.param("WEIGHTS")

@@ -105,16 +105,16 @@ class InstanceMetrics:
     def record_pool(self, stats: PoolStats) -> None:
         """Send only what changed: each set() is a message from the stub to the server, and this
         runs after every execution."""
-        values = stats.as_dict()
         for field, gauge in self.gauges.items():
-            if values[field] is None:
+            value = getattr(stats, field)
+            if value is None:
                 continue  # not read this time (fragmentation between walks)
-            current = round(float(values[field]), ROUNDING.get(field, 0))
+            current = round(float(value), ROUNDING.get(field, 0))
             if self.last.get(field) != current:
                 gauge.set(current)
                 self.last[field] = current
         for field, counter in self.counters.items():
-            grown = int(values[field]) - self.counted[field]
+            grown = int(getattr(stats, field)) - self.counted[field]
             if grown > 0:
                 counter.increment(grown)
                 self.counted[field] += grown

@@ -81,7 +81,7 @@ def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]
 
 
 def process_state() -> ProcessState:
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         allocator = torch.cuda.get_allocator_backend()
     else:
         allocator = f"not initialised ({ALLOCATOR_VARIABLE}={os.environ.get(ALLOCATOR_VARIABLE, '')})"

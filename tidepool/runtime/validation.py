@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tidepool.errors import TidepoolError
-from tidepool.spec import ModelSpec, TensorSpec, dims_match, shape_text
+from tidepool.spec import Array, ModelSpec, TensorSpec, dims_match, shape_text
 
 
 class RequestError(TidepoolError, ValueError):
@@ -27,7 +27,7 @@ def _check_dims(spec: TensorSpec, shape: tuple[int, ...], batched: bool) -> None
         )
 
 
-def _check_values(spec: TensorSpec, array: np.ndarray, allow_nonfinite: bool) -> None:
+def _check_values(spec: TensorSpec, array: Array, allow_nonfinite: bool) -> None:
     if array.size == 0:
         return
     if array.dtype.kind == "f" and not allow_nonfinite:
@@ -48,7 +48,7 @@ def _check_values(spec: TensorSpec, array: np.ndarray, allow_nonfinite: bool) ->
             )
 
 
-def validate_request(inputs: dict[str, np.ndarray], model: ModelSpec, allow_nonfinite: bool = False) -> int:
+def validate_request(inputs: dict[str, Array], model: ModelSpec, allow_nonfinite: bool = False) -> int:
     """Raise RequestError if `inputs` does not fit `model`; return the request's batch size."""
     declared = {spec.name for spec in model.inputs}
     unknown = sorted(set(inputs) - declared)

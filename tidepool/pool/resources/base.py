@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(eq=False)
@@ -15,7 +16,7 @@ class Allocation:
 
     ptr: int
     nbytes: int
-    host_view: np.ndarray | None = None
+    host_view: npt.NDArray[np.uint8] | None = None
     owner: Any = None
 
 

@@ -10,14 +10,14 @@ _NO_RELEASE = 2**64 - 1
 
 
 class CudaResource:
-    kind = "cuda"
+    kind: str = "cuda"
 
     def __init__(self, device: int = 0, limit_bytes: int | None = None) -> None:
         require_cuda(device)
         from cuda.bindings import driver
 
         self._driver = driver
-        self.device = device
+        self.device: int | None = device
         make_context_current(device)
         props = driver.CUmemPoolProps()
         props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED

@@ -4,17 +4,18 @@ not), and a checked call helper that turns CUresult codes into exceptions."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from tidepool.pool.errors import CudaUnavailable
 
 
-def _driver():
+def _driver() -> Any:
     from cuda.bindings import driver
 
     return driver
 
 
-def check(result):
+def check(result: Any) -> Any:
     """Unpack a cuda-python call's (CUresult, *values), raising on an error code."""
     driver = _driver()
     error, *values = result if isinstance(result, tuple) else (result,)

@@ -8,8 +8,8 @@ _SPACING = 1 << 40  # far apart, so blocks of different arenas can never look ad
 
 
 class FakeResource:
-    kind = "fake"
-    device = None
+    kind: str = "fake"
+    device: int | None = None
 
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.capacity_bytes = capacity_bytes  # an upstream that runs out (like a full device)

@@ -13,8 +13,8 @@ PAGE = mmap.PAGESIZE
 
 
 class HostResource:
-    kind = "host"
-    device = None
+    kind: str = "host"
+    device: int | None = None
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
         raw = np.empty(nbytes + PAGE, dtype=np.uint8)

@@ -11,20 +11,20 @@ from tidepool.pool.resources.driver import check, make_context_current, require_
 
 
 class PinnedResource:
-    kind = "pinned"
+    kind: str = "pinned"
 
     def __init__(self, device: int = 0) -> None:
         require_cuda(device)
         from cuda.bindings import driver
 
         self._driver = driver
-        self.device = device
+        self.device: int | None = device
         make_context_current(device)
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
         flags = self._driver.CU_MEMHOSTALLOC_PORTABLE
         ptr = int(check(self._driver.cuMemHostAlloc(nbytes, flags)))
-        view = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
+        view = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(ptr))
         return Allocation(ptr, nbytes, host_view=view)
 
     def deallocate(self, allocation: Allocation, stream: int | None = None) -> None:
