@@ -15,9 +15,11 @@ TEST_MODELS = REPO_ROOT / "tests" / "integration" / "models"
 
 
 def linked_repository(root: Path, *sources: Path) -> Path:
-    """The models of `sources` (default: the example and the test models), linked into `root`."""
+    """Models linked into `root`: each source is a model directory or a directory of models
+    (default: the example and the test models)."""
     for source in sources or (MODEL_REPOSITORY, TEST_MODELS):
-        for model in source.iterdir():
+        models = [source] if (source / "config.pbtxt").is_file() else list(source.iterdir())
+        for model in models:
             if (model / "config.pbtxt").is_file():
                 (root / model.name).symlink_to(model.resolve(), target_is_directory=True)
     return root

@@ -58,6 +58,12 @@ def wrong_shape(connection, model):
     return _send(connection, model, {name: (_valid(connection, model)[..., :5], wire)})
 
 
+def sent_wrong_shape(connection, model) -> str:
+    """The shape wrong_shape sends, as Triton writes shapes in its errors: [1,3,224,5]."""
+    shape = _valid(connection, model)[..., :5].shape
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
 def batch_too_large(connection, model):
     name, wire = MODELS[model]
     rows = connection.model_spec(model).max_batch_size + 1
@@ -165,7 +171,7 @@ def _raw_http(url: str, model: str, body: bytes, headers: dict[str, str]) -> str
 
 CASES = [
     BadCase("wrong dtype", ("data-type", "{input}"), wrong_dtype),
-    BadCase("wrong shape", ("shape", "{input}"), wrong_shape),
+    BadCase("wrong shape", ("shape", "{input}", "{sent_shape}"), wrong_shape),
     BadCase("batch above max_batch_size", ("batch",), batch_too_large),
     BadCase("missing input", ("{input}",), missing_input),
     BadCase("unknown input", ("EXTRA",), unknown_input),

@@ -25,7 +25,7 @@ def test_a_short_sweep_returns_sane_figures(server):
     assert high.throughput > low.throughput
 
 
-def test_an_open_loop_sweep_holds_its_request_rate(server):
+def test_an_open_loop_sweep_sends_on_its_schedule_whatever_the_answers(server):
     settings = SweepSettings(
         "encoder",
         url=server.config.grpc_url,
@@ -35,7 +35,8 @@ def test_an_open_loop_sweep_holds_its_request_rate(server):
         max_windows=2,
     )
     [level] = Sweep(settings).run()
-    assert level.errors == 0 and 16 <= level.throughput <= 24
+    # Two kept windows of 2 s at 20 requests/s: 80 sends, each answered or counted as an error.
+    assert level.errors == 0 and abs(level.requests - 80) <= 2 and level.windows == 2
 
 
 def test_each_locust_user_class_records_requests_and_no_failures(server, tmp_path):

@@ -29,23 +29,24 @@ async def send(client, seconds: float | None = None) -> tuple[bool, float, str]:
         return False, time.perf_counter() - began, str(exc)
 
 
-def test_a_burst_above_capacity_is_rejected_fast_and_latency_recovers(server):
+def test_a_burst_above_capacity_is_rejected_not_queued_and_the_server_recovers(server):
     async def scenario():
         client = grpc_aio.InferenceServerClient(server.config.grpc_url)
-        baseline = (await send(client))[1]
+        before = rows_executed(server)
         burst = await asyncio.gather(*(send(client) for _ in range(64)))
-        after = [(await send(client))[1] for _ in range(3)]
+        await asyncio.sleep(0.2)
+        executed = rows_executed(server) - before
+        after = [await send(client) for _ in range(3)]
         await client.close()
-        return baseline, burst, after
+        return burst, executed, after
 
-    baseline, burst, after = asyncio.run(scenario())
-    served = [latency for ok, latency, _ in burst if ok]
-    rejected = [(latency, error) for ok, latency, error in burst if not ok]
+    burst, executed, after = asyncio.run(scenario())
+    served = [ok for ok, _, _ in burst if ok]
+    rejected = [error for ok, _, error in burst if not ok]
     assert rejected, "64 requests at once fit a queue of 8: nothing was rejected"
-    assert all("queue" in error.lower() or "timeout" in error.lower() for _, error in rejected), rejected[:3]
-    assert np.median([latency for latency, _ in rejected]) < 0.5  # rejections come fast
-    assert served and max(served) < 2.0  # the bounded queue bounds the wait
-    assert min(after) < baseline + 0.2  # back to normal once the burst is over
+    assert all("queue" in error.lower() or "timeout" in error.lower() for error in rejected), rejected[:3]
+    assert served and executed == len(served), "a rejected request was executed, or a served one was not"
+    assert all(ok for ok, _, _ in after), after  # served again once the burst is over
     assert server.is_ready()
 
 

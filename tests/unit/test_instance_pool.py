@@ -10,6 +10,7 @@ import pytest
 from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
 from tidepool.pool.host_heap import HeapRetention
 from tidepool.runtime.instance import ModelInstance
+from tidepool.runtime.process import process_state
 from tidepool.spec import ConfigError
 
 
@@ -180,7 +181,7 @@ def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
     assert instance.execute([tokens(2)]).page_faults >= 256
 
 
-def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path):
+def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path, monkeypatch):
     from tidepool.runtime.instance import WARMUP_MAX_ROUNDS
 
     steady = ModelInstance.load(config_with(POOL_WARMUP_BATCH_SIZES="1,4"), tiny_model_dir(tmp_path))
@@ -190,7 +191,8 @@ def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path):
     assert steady.warmup_rounds == {1: WARMUP_MAX_ROUNDS, 4: WARMUP_MAX_ROUNDS}
     off = ModelInstance.load(config_with(POOL="off"), tiny_model_dir(tmp_path))
     # The heap setting is process-wide and another test's instance kept it: say this process did not.
-    off.process = dataclasses.replace(off.process, heap=HeapRetention(False, "not kept"))
+    not_kept = dataclasses.replace(process_state(), heap=HeapRetention(False, "not kept"))
+    monkeypatch.setattr("tidepool.runtime.instance.process_state", lambda: not_kept)
     touch_fresh_memory_in_forward(off)
     off.warm_up()  # without a kept heap, repeating would change nothing
     assert set(off.warmup_rounds.values()) == {1}

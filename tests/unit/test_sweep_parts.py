@@ -70,4 +70,8 @@ def test_transient_errors_are_told_apart_from_bad_requests():
     assert is_transient(ConnectionRefusedError())
     assert is_transient(InferenceServerException("x", status="StatusCode.UNAVAILABLE"))
     assert is_transient(InferenceServerException("Request for unknown model: 'e' has no available versions"))
+    assert is_transient(InferenceServerException("busy", status="503"))
     assert not is_transient(InferenceServerException("input IDS: value 500 is outside", status="400"))
+    # A request too large for the pool, whatever words it uses, is not retried.
+    too_large = "this request does not fit; the pool is unavailable for it"
+    assert not is_transient(InferenceServerException(too_large, status="StatusCode.INVALID_ARGUMENT"))

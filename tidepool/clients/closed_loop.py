@@ -11,7 +11,13 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from tidepool.clients.connection import Connection
+from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
+from tidepool.spec import Array, ModelSpec
+
+
+class LoadError(TidepoolError):
+    """The load could not start: a client could not reach the server or read the model."""
 
 
 @dataclass
@@ -53,29 +59,45 @@ def run_closed_loop(
 
     def client(index: int) -> None:
         # One connection per client: tritonclient's HTTP client is not thread-safe.
-        with Connection.open(protocol, url) as connection:
-            spec = connection.model_spec(model)
-            inputs = random_inputs(spec, batch=batch, seed=index)
-            start.wait()
-            while time.perf_counter() < began_at[0] + duration_s:
-                with lock:
-                    if max_requests is not None and sent[0] >= max_requests:
-                        return
-                    sent[0] += 1
-                began = time.perf_counter()
-                try:
-                    connection.infer_with_retries(model, inputs, spec, retries=retries)
-                    latency = (time.perf_counter() - began) * 1e3
-                    with lock:
-                        result.latencies_ms.append(latency)
-                except (InferenceServerException, OSError) as exc:
-                    with lock:
-                        result.errors.append(str(exc))
+        try:
+            with Connection.open(protocol, url) as connection:
+                spec = connection.model_spec(model)
+                inputs = random_inputs(spec, batch=batch, seed=index)
+                start.wait()
+                send(connection, spec, inputs)
+        except threading.BrokenBarrierError:
+            return  # another client could not start
+        except (InferenceServerException, OSError) as exc:
+            with lock:
+                setup_errors.append(f"client {index} could not start: {exc}")
+            start.abort()
 
+    def send(connection: Connection, spec: ModelSpec, inputs: dict[str, Array]) -> None:
+        while time.perf_counter() < began_at[0] + duration_s:
+            with lock:
+                if max_requests is not None and sent[0] >= max_requests:
+                    return
+                sent[0] += 1
+            began = time.perf_counter()
+            try:
+                connection.infer_with_retries(model, inputs, spec, retries=retries)
+                latency = (time.perf_counter() - began) * 1e3
+                with lock:
+                    result.latencies_ms.append(latency)
+            except (InferenceServerException, OSError) as exc:
+                with lock:
+                    result.errors.append(str(exc))
+
+    setup_errors: list[str] = []
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
     for thread in threads:
         thread.start()
-    start.wait()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        for thread in threads:
+            thread.join()
+        raise LoadError(setup_errors[0] if setup_errors else "a client could not start") from None
     for thread in threads:
         thread.join()
     result.duration_s = time.perf_counter() - began_at[0]

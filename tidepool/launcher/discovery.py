@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,3 +119,56 @@ def server_environment(library_dirs: tuple[Path, ...] = ()) -> dict[str, str]:
     )
     env.pop("PYTHONPATH", None)  # the stub ignores it; keep the server's view honest
     return env
+
+
+# What a server leaves behind when it is killed outright: its backend directory and the Python
+# backend's shared-memory regions. Both carry the launcher's pid, so a later launcher can tell
+# which belong to a process that is gone.
+WORKDIR_PREFIX = "tidepool-backends-"
+SHM_DIRECTORY = Path("/dev/shm")
+
+
+def shm_prefix(pid: int) -> str:
+    return f"tidepool_{pid}_"
+
+
+def workdir_prefix(pid: int) -> str:
+    return f"{WORKDIR_PREFIX}{pid}-"
+
+
+def _owner_pid(name: str, prefix: str, separator: str) -> int | None:
+    number = name.removeprefix(prefix).partition(separator)[0]
+    return int(number) if name.startswith(prefix) and number.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(temp_dir: Path | None = None) -> list[Path]:
+    """Delete the backend directories and shared-memory regions of launchers that no longer run;
+    return what was deleted."""
+    removed = []
+    places = (
+        (Path(temp_dir or tempfile.gettempdir()), WORKDIR_PREFIX, "-"),
+        (SHM_DIRECTORY, "tidepool_", "_"),
+    )
+    for directory, prefix, separator in places:
+        if not directory.is_dir():
+            continue
+        for path in directory.glob(f"{prefix}*"):
+            pid = _owner_pid(path.name, prefix, separator)
+            if pid is None or _alive(pid):
+                continue
+            try:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            except OSError:
+                continue  # another launcher's cleanup got there first, or it is not ours to delete
+            removed.append(path)
+    return removed

@@ -26,7 +26,10 @@ from tidepool.launcher.discovery import (
     build_backend_directory,
     find_python_backend,
     find_tritonserver,
+    remove_leftovers,
     server_environment,
+    shm_prefix,
+    workdir_prefix,
 )
 from tidepool.ports import check_port_free, free_port
 
@@ -134,7 +137,11 @@ class TritonServer:
             f"--log-verbose={c.log_verbose}",
             f"--exit-timeout-secs={max(1, int(c.grace_s - DRAIN_MARGIN_S))}",
         ]
-        args += [f"--backend-config={item}" for item in c.backend_config]
+        backend_config = list(c.backend_config)
+        if not any("shm-region-prefix-name" in item for item in backend_config):
+            # Regions named after this launcher, so that a later one can remove them if it is killed.
+            backend_config.append(f"python,shm-region-prefix-name={shm_prefix(os.getpid())}")
+        args += [f"--backend-config={item}" for item in backend_config]
         return args + c.extra_args
 
     def start(self, timeout_s: float = 180.0, cancelled: Callable[[], bool] = lambda: False) -> TritonServer:
@@ -150,7 +157,9 @@ class TritonServer:
             check_port_free(c.host, port, flag)
         binary = find_tritonserver(c.tritonserver)
         files = find_python_backend(binary)
-        self._workdir = tempfile.TemporaryDirectory(prefix="tidepool-backends-")
+        for path in remove_leftovers():
+            self._say_log(f"tidepool: removed {path}, left behind by a launcher that was killed")
+        self._workdir = tempfile.TemporaryDirectory(prefix=workdir_prefix(os.getpid()))
         backend_dir = build_backend_directory(files, Path(self._workdir.name))
         self.process = subprocess.Popen(
             self.command(backend_dir),
@@ -199,6 +208,11 @@ class TritonServer:
         restart a stub that died, and that model's instance fails every request until restarted."""
         counts = self.stub_counts()
         return [model for model, expected in self.stub_baseline.items() if counts.get(model, 0) < expected]
+
+    def _say_log(self, line: str) -> None:
+        self.log_tail.append(line)
+        if self.echo:
+            self.echo(line)
 
     def _read_log(self) -> None:
         assert self.process is not None and self.process.stdout is not None

@@ -17,7 +17,7 @@ from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
 from tidepool.runtime.loader import ModelLoadError, load_model
-from tidepool.runtime.process import ProcessRequest, configure_process
+from tidepool.runtime.process import ProcessRequest, ProcessState, configure_process, process_state
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.runtime.validation import RequestError, validate_request
 from tidepool.spec import Array, DType, ModelSpec, TensorSpec, dims_match, parse_model_config
@@ -76,7 +76,7 @@ class ModelInstance:
         self.model = model
         self.settings = settings
         self.device = torch.device(settings.device)
-        self.process, self.process_notes = configure_process(
+        _, self.process_notes = configure_process(
             ProcessRequest(
                 torch_threads=settings.torch_threads,
                 retain_heap=settings.why_heap_not_kept() is None,
@@ -127,6 +127,11 @@ class ModelInstance:
         instance = cls(model, load_model(model_dir, model), settings)
         instance.warm_up()
         return instance
+
+    @property
+    def process(self) -> ProcessState:
+        """The process's settings as they are now: another instance may have changed them."""
+        return process_state()
 
     def describe(self) -> str:
         """One line for the log: where the instance runs, its pool, the process's settings."""
