@@ -9,10 +9,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from tests.integration.bad_requests import CASES, MODELS
 from tidepool.clients.connection import Connection
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.testing import linked_repository
+from tidepool.testing.bad_requests import CASES, MODELS
 
 
 def main() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.bad_requests import CASES, MODELS, sent_wrong_shape
 from tidepool.clients.metrics import scrape, value
 from tidepool.inputs import random_inputs
+from tidepool.testing.bad_requests import CASES, MODELS, sent_wrong_shape
 
 
 def pool_in_use(server, model: str) -> float:

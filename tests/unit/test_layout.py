@@ -29,7 +29,7 @@ ALLOWED = {
     "planning": {"errors", "spec", "configfile", "inputs", "machine", "pool", "runtime"},
     "launcher": {"errors", "ports", "machine", "configfile", "spec"},
     "clients": {"errors", "spec", "inputs", "ports", "configfile"},
-    "testing": {"configfile"},
+    "testing": {"configfile", "clients", "inputs", "spec"},
     "cli": None,  # the command line may use every part
 }
 

@@ -6,17 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidepool.runtime.process import choose_cuda_allocator
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
-choose_cuda_allocator()  # before torch can initialise CUDA (the imports below load torch)
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-from tidepool.runtime.instance import Execution, ModelInstance  # noqa: E402
-from tidepool.runtime.metrics import InstanceMetrics  # noqa: E402
-from tidepool.runtime.settings import Placement  # noqa: E402
-from tidepool.runtime.validation import RequestError  # noqa: E402
+from tidepool.runtime.instance import Execution, ModelInstance
+from tidepool.runtime.metrics import InstanceMetrics
+from tidepool.runtime.settings import Placement
+from tidepool.runtime.validation import RequestError
 
 # Error codes this server's pb_utils may lack, and the nearest one it has.
 CODE_FALLBACKS = {"RESOURCE_EXHAUSTED": "INVALID_ARG"}

@@ -57,7 +57,8 @@ def choose_cuda_allocator() -> None:
 
 def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]:
     """Apply what the instance needs; return the process's state and notes on what it changed for
-    instances that came before (or could not change)."""
+    instances that came before (or could not change). Served instances and the profiler both come
+    through here, so a profile measures the process settings (the CUDA allocator too) that serve."""
     global _heap, _configured
     notes = []
     choose_cuda_allocator()

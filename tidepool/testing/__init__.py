@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tidepool.configfile import read_config, with_parameters, write_config
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 TEST_MODELS = REPO_ROOT / "tests" / "integration" / "models"
 
