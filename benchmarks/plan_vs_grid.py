@@ -63,7 +63,7 @@ def main() -> None:
         profile = profile_model(model_dir, BATCHES, max_latency_ms=budget)
         budgets = Budgets(memory_bytes=args.memory_budget_mib * 2**20, latency_ms=budget)
         result = plan(profile, budgets)
-        write_plan(model_dir, profile, budgets, result)
+        write_plan(model_dir, budgets, result)
         planning_s = time.perf_counter() - began
         planned = read_config_dict(model_dir / "config.pbtxt")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from tidepool.errors import TidepoolError
@@ -113,29 +114,29 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _run_profile(model_dir: Path, args: argparse.Namespace):
-    from tidepool.planning.profiler import profile_model
-
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
-    profile = profile_model(
-        model_dir,
-        sizes,
+def _profile_settings(args: argparse.Namespace) -> dict[str, object]:
+    return dict(
+        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
         device=args.device,
-        precision=args.precision,
         max_latency_ms=args.max_latency_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
-        trace_path=Path(args.trace) if getattr(args, "trace", None) else None,
         progress=progress_printer,
     )
-    print(file=sys.stderr)
-    return profile
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from tidepool.planning.profiler import profile_model
     from tidepool.planning.report import format_report, write_report
 
     model_dir = Path(args.model_dir)
-    profile = _run_profile(model_dir, args)
+    profile = profile_model(
+        model_dir,
+        precision=args.precision,
+        torch_threads=args.threads,
+        trace_path=Path(args.trace) if args.trace else None,
+        **_profile_settings(args),  # type: ignore[arg-type]
+    )
+    print(file=sys.stderr)
     out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}.json")
     written = write_report(profile, out)
     print(format_report(profile))
@@ -143,33 +144,76 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def thread_splits(cores: int) -> list[int]:
+    """Torch threads per instance worth trying on `cores` cores: each divisor, most threads first."""
+    return [t for t in range(cores, 0, -1) if cores % t == 0]
+
+
+def precisions_to_try(device: str, max_output_error: float) -> list[str]:
+    if max_output_error <= 0:
+        return ["fp32"]  # numerics never change unless asked
+    return ["fp32", "bf16", "int8"] if device == "cpu" else ["fp32", "bf16", "fp16"]
+
+
 def _plan(args: argparse.Namespace) -> int:
-    from tidepool.planning.planner import Budgets, PlanError, plan, write_plan
+    from tidepool.planning.planner import Budgets, PlanError, candidates, write_plan
     from tidepool.planning.profile import Profile
 
     model_dir = Path(args.model_dir)
-    if args.profile:
-        profile = Profile.read(args.profile)
-    else:
-        print(f"no --profile given: profiling {model_dir} first", file=sys.stderr)
-        profile = _run_profile(model_dir, args)
     budgets = Budgets(
         memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
         latency_ms=args.latency_budget_ms,
         headroom=args.headroom,
         cores=args.cores or os.cpu_count() or 1,
         bounded_queue=args.bounded_queue,
+        max_output_error=args.max_output_error,
     )
+    began = time.perf_counter()
+    if args.profile:
+        profiles = [Profile.read(path) for path in args.profile]
+    else:
+        from tidepool.planning.profiler import profile_model
+
+        threads = [int(t) for t in args.threads_to_try.split(",")] if args.threads_to_try else None
+        splits = threads or (thread_splits(budgets.cores) if args.device == "cpu" else [budgets.cores])
+        precisions = precisions_to_try(args.device, args.max_output_error)
+        print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
+        profiles = [
+            profile_model(model_dir, precision=precision, torch_threads=t, **_profile_settings(args))  # type: ignore[arg-type]
+            for t in splits
+            for precision in precisions
+        ]
+        print(file=sys.stderr)
     try:
-        result = plan(profile, budgets)
+        ranked, left_out = candidates(profiles, budgets)
     except PlanError as exc:
         print(f"tidepool plan: impossible: {exc}. Nothing was written.", file=sys.stderr)
         return 2
-    print(f"plan for {model_dir.name} ({profile.device}, {profile.precision}):")
-    print(result.describe())
+    for reason in left_out:
+        print(f"left out: {reason}")
+    print(f"candidates for {model_dir.name}, best predicted first:")
+    for plan in ranked:
+        print(f"  {plan.label:<28} predicted {plan.predicted_throughput:.0f} samples/s, "
+              f"lone request {plan.lone_latency_ms:.1f} ms")  # fmt: skip
+    chosen, notes = ranked[0], []
+    if args.verify:
+        from tidepool.planning.verify import verify, write_verification
+
+        top = ranked[: args.verify_top]
+        levels = [int(level) for level in args.levels.split(",")]
+        verification = verify(model_dir, top, budgets, levels, args.window_s, progress=progress_printer)
+        print(file=sys.stderr)
+        print(verification.table())
+        report_dir = Path(
+            args.report_dir or f"reports/plan-{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+        written = write_verification(verification, report_dir, f"{model_dir.name}: verified candidates")
+        print("wrote " + ", ".join(str(p) for p in written))
+        chosen, notes = top[verification.chosen], verification.header_notes()
+    print(f"plan for {model_dir.name} ({chosen.label}), planned in {time.perf_counter() - began:.0f} s:")
+    print(chosen.describe())
     if args.write:
-        path = write_plan(model_dir, profile, budgets, result)
-        print(f"wrote {path}")
+        print(f"wrote {write_plan(model_dir, budgets, chosen, notes)}")
     else:
         print("(dry run: --write writes config.pbtxt)")
     return 0
@@ -178,7 +222,6 @@ def _plan(args: argparse.Namespace) -> int:
 def _add_profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="default: %(default)s")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32")
     parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
     parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
 
@@ -298,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
         "report and plots are written beside it",
     )
     profile.add_argument("--trace", metavar="FILE", help="also write a Chrome trace of one batch")
+    profile.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32")
+    profile.add_argument(
+        "--threads", type=int, help="torch threads (default: the config's TORCH_NUM_THREADS)"
+    )
     profile.set_defaults(run=_profile)
 
     plan = commands.add_parser("plan", help="choose batcher settings from a profile and budgets")
@@ -306,7 +353,36 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--latency-budget-ms", type=float, required=True)
     plan.add_argument("--headroom", type=float, default=0.8, help="share of the memory budget to use")
     plan.add_argument("--cores", type=int, help="CPU cores for instances (default: this machine's)")
-    plan.add_argument("--profile", help="a profile JSON from `tidepool profile` (default: profile now)")
+    plan.add_argument(
+        "--profile",
+        action="append",
+        help="a profile JSON from `tidepool profile`; repeat for several thread counts or precisions "
+        "(default: profile now, at every split of the cores and every precision allowed)",
+    )
+    plan.add_argument(
+        "--threads-to-try",
+        metavar="T1,T2",
+        help="torch threads per instance to profile (default: each split of the cores)",
+    )
+    plan.add_argument(
+        "--max-output-error",
+        type=float,
+        default=0.0,
+        help="largest max-abs difference from fp32 outputs a lower precision may have (default 0: fp32 only)",
+    )
+    plan.add_argument(
+        "--verify",
+        action="store_true",
+        help="serve the top candidates on a real server; pick by measured throughput and p99 at each level",
+    )
+    plan.add_argument("--verify-top", type=int, default=3, help="candidates to verify (default: %(default)s)")
+    plan.add_argument(
+        "--levels", default="1,2,4,8,16", help="closed-loop concurrency levels (default: %(default)s)"
+    )
+    plan.add_argument("--window-s", type=float, default=3.0, help="measurement window per level")
+    plan.add_argument(
+        "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
+    )
     plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
     plan.add_argument(
         "--bounded-queue",

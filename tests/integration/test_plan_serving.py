@@ -1,21 +1,42 @@
-"""Profile a model, plan its config, and serve it with the written config on a real server."""
+"""Profile a model, plan its config, and serve it on a real server: as written, and after the
+edits a person or a tool like Model Analyzer makes (max_batch_size, instance count, delay)."""
 
 from __future__ import annotations
 
 import shutil
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+import numpy as np
 
-from tests.integration.conftest import server_config
-from tidepool.clients.closed_loop import run_closed_loop
-from tidepool.launcher.server import TritonServer
+from tidepool.clients.connection import Connection
+from tidepool.configfile import read_config, write_config
+from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, plan, write_plan
 from tidepool.planning.profiler import profile_model
 from tidepool.testing import MODEL_REPOSITORY
 
+EDITS = {
+    **{f"encoder_mbs{size}": {"max_batch_size": size} for size in (1, 2, 4, 16, 32, 128)},
+    "encoder_two": {"instances": 2},
+    "encoder_nodelay": {"delay_us": 0},
+    "encoder_longdelay": {"delay_us": 100_000},
+}
 
-def test_a_planned_config_serves(tmp_path):
+
+def edited_copy(model_dir, repository, name: str, max_batch_size=None, instances=None, delay_us=None) -> None:
+    target = repository / name
+    shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = read_config(model_dir / "config.pbtxt")
+    config.name = name
+    if max_batch_size is not None:
+        config.max_batch_size = max_batch_size
+    if instances is not None:
+        config.instance_group[0].count = instances
+    if delay_us is not None:
+        config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    write_config(target / "config.pbtxt", config)
+
+
+def test_a_planned_config_serves_as_written_and_after_model_analyzer_style_edits(tmp_path):
     repository = tmp_path / "repository"
     model_dir = repository / "encoder"
     shutil.copytree(MODEL_REPOSITORY / "encoder", model_dir, ignore=shutil.ignore_patterns("__pycache__"))
@@ -24,12 +45,19 @@ def test_a_planned_config_serves(tmp_path):
     assert all(abs(p.fit_error) <= 0.10 for p in profile.points)
     budgets = Budgets(memory_bytes=512 * 2**20, latency_ms=2000, cores=2)
     result = plan(profile, budgets)
-    write_plan(model_dir, profile, budgets, result)
-    written = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    write_plan(model_dir, budgets, result)
+    written = read_config(model_dir / "config.pbtxt")
     assert written.max_batch_size == result.max_batch_size == 4
+    assert "POOL_WARMUP_BATCH_SIZES" not in written.parameters  # warm-up follows max_batch_size
+    for name, edit in EDITS.items():
+        edited_copy(model_dir, repository, name, **edit)
 
-    with TritonServer(server_config(repository)) as server:
-        load = run_closed_loop("encoder", server.config.grpc_url, concurrency=4, duration_s=3)
-        served = server.model_states()
-    assert load.errors == [] and len(load.latencies_ms) > 10
-    assert served == {"encoder": "READY"}
+    with TritonServer(ServerConfig.on_free_ports(repository)) as server:
+        states = server.model_states()
+        with Connection.open("grpc", server.config.grpc_url) as grpc:
+            for name in ["encoder", *EDITS]:
+                spec = grpc.model_spec(name)
+                rows = min(spec.max_batch_size, 3)
+                ids = np.arange(rows * 128, dtype=np.int32).reshape(rows, 128) % 1000
+                assert grpc.infer(name, {"INPUT_IDS": ids}, spec)["EMBEDDING"].shape == (rows, 256), name
+    assert states == dict.fromkeys(["encoder", *EDITS], "READY")

@@ -91,3 +91,16 @@ def test_the_environment_puts_the_venv_first_and_libpython_on_the_library_path(m
     assert env["PATH"].split(":")[0].endswith("/bin")
     assert server.sysconfig.get_config_var("LIBDIR") in env["LD_LIBRARY_PATH"].split(":")
     assert "PYTHONPATH" not in env
+
+
+def test_serve_names_a_config_planned_on_another_machine(tmp_path):
+    from tidepool.launcher.serve import planned_elsewhere
+    from tidepool.machine import describe_cpu
+
+    for name, machine in (("here", describe_cpu()), ("there", "64 cores, Some Other CPU")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(f"# Planned on: cpu: {machine}.\nname: '{name}'\n")
+    (tmp_path / "unplanned").mkdir()
+    (tmp_path / "unplanned" / "config.pbtxt").write_text("name: 'unplanned'\n")
+    [warning] = planned_elsewhere(tmp_path)
+    assert "there's config was planned on 64 cores, Some Other CPU" in warning and "make configs" in warning

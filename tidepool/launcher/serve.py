@@ -7,9 +7,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from tidepool.launcher.server import Cancelled, ServerConfig, TritonServer
+from tidepool.machine import describe_cpu
 
 POLL_S = 0.2  # how soon a stop request is noticed
 STUB_CHECK_S = 1.0  # how often the stubs are counted
@@ -48,6 +50,8 @@ def serve(config: ServerConfig, say: Callable[[str], None] = _say) -> int:
         except Cancelled:
             say("tidepool: stopped before the server was ready")
             return 0
+        for warning in planned_elsewhere(config.model_repository):
+            say(warning)
         say(
             f"tidepool: serving {', '.join(server.models)}\n"
             f"  HTTP    http://{config.http_url}\n"
@@ -67,6 +71,27 @@ def serve(config: ServerConfig, say: Callable[[str], None] = _say) -> int:
         server.stop()  # no-op after a clean stop; kills the server if anything above failed
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PLANNED_ON = "# Planned on: cpu: "  # the header line `tidepool plan` writes for a CPU profile
+
+
+def planned_elsewhere(repository: Path) -> list[str]:
+    """A line for each model whose config was planned on a CPU other than this one: its batcher
+    settings were measured there, and light traffic in particular suffers when they do not fit."""
+    here = describe_cpu()
+    warnings = []
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        for line in config.read_text().splitlines():
+            if line.startswith(PLANNED_ON):
+                there = line.removeprefix(PLANNED_ON).rstrip(".")
+                if there != here:
+                    warnings.append(
+                        f"tidepool: NOTE: {config.parent.name}'s config was planned on {there}; "
+                        f"this machine has {here}. Re-plan it here: tidepool plan {config.parent} --memory-budget ... "
+                        "--latency-budget-ms ... --write (for the examples: make configs)"
+                    )
+    return warnings
 
 
 def _supervise(server: TritonServer, stop: StopFlag, say: Callable[[str], None]) -> int | None:

@@ -1,11 +1,13 @@
-"""`tidepool plan`: batcher settings from a profile and budgets, a pure function with one helper
-per setting (each returns its value and the reason for it), and the config.pbtxt that carries
-them. Needs numpy and protobuf, never torch."""
+"""`tidepool plan`: batcher settings from profiles and budgets. A pure function with one helper per
+setting (each returns its value and the reason for it); one candidate plan per usable profile (a
+thread count, a precision), ranked; and the config.pbtxt that carries the chosen one. Needs numpy
+and protobuf, never torch."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,9 +16,15 @@ from tidepool.errors import TidepoolError
 from tidepool.planning.profile import BatchPoint, Profile
 
 MIB = 2**20
+PLANNED_ON = "Planned on:"  # the header line `tidepool serve` reads to tell another machine's config
 # A size is "clearly faster" when its throughput beats the next larger size's by this much.
 PREFERRED_MARGIN = 1.10
 POOL_HEADROOM = 1.25  # the pool reserves the measured dynamic peak plus this share
+# A request that arrives at an idle instance may wait at most this share of its own latency for
+# company: its latency stays within this of a config with no delay at all.
+LONE_REQUEST_DELAY_SHARE = 0.10
+# Candidates whose predicted throughput is within this of the best are ranked by lone latency.
+THROUGHPUT_TIE = 0.05
 
 
 class PlanError(TidepoolError, ValueError):
@@ -32,6 +40,8 @@ class Budgets:
     # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
     # default_queue_policy roughly halved this backend's throughput (see docs/planning.md).
     bounded_queue: bool = False
+    # The largest output difference from fp32 (max absolute) a lower precision may have; 0: fp32 only.
+    max_output_error: float = 0.0
 
     @property
     def usable_bytes(self) -> float:
@@ -58,6 +68,19 @@ class Plan:
     pool_initial_bytes: int
     pool_limit_bytes: int
     reasons: dict[str, str]
+    torch_threads: int = 1
+    precision: str = "fp32"
+    predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
+    lone_latency_ms: float = 0.0  # what a request that arrives alone waits and runs (p50)
+    profile: Profile | None = field(default=None, repr=False)  # what it was planned from
+
+    @property
+    def label(self) -> str:
+        """A short name: instances x threads, precision, max batch, delay."""
+        return (
+            f"{self.instance_count}x{self.torch_threads} {self.precision} "
+            f"b{self.max_batch_size} d{self.max_queue_delay_us / 1000:g}ms"
+        )
 
     def describe(self) -> str:
         return "\n".join(
@@ -68,6 +91,8 @@ class Plan:
 
 # (name in config.pbtxt, Plan attribute)
 PLAN_FIELDS = [
+    ("TORCH_NUM_THREADS", "torch_threads"),
+    ("PRECISION", "precision"),
     ("max_batch_size", "max_batch_size"),
     ("preferred_batch_size", "preferred_batch_sizes"),
     ("max_queue_delay_microseconds", "max_queue_delay_us"),
@@ -143,13 +168,23 @@ def choose_preferred_sizes(fits: list[BatchPoint]) -> tuple[list[int], str]:
     return [], "no size is clearly faster than a larger one"
 
 
-def choose_queue_delay(chosen: BatchPoint, budgets: Budgets) -> Choice:
+def lone_point(profile: Profile) -> BatchPoint:
+    """The smallest profiled batch: what a request that arrives alone runs in."""
+    return min(profile.points, key=lambda p: p.batch)
+
+
+def choose_queue_delay(profile: Profile, chosen: BatchPoint, budgets: Budgets) -> Choice:
+    """Waiting pays only while an instance is idle and more requests are on their way: a request
+    that finds the instance busy waits in the queue anyway, and Triton batches what queued with no
+    delay at all. So the delay is what a lone request can afford, a share of its own latency."""
+    lone = lone_point(profile)
     slack_ms = budgets.latency_ms - worst_latency_ms(chosen)
-    # Waiting longer than one batch's compute time only adds latency: it does not fill batches faster.
-    delay_ms = max(0.0, min(slack_ms, chosen.latency_p50_ms))
+    delay_ms = max(0.0, min(LONE_REQUEST_DELAY_SHARE * lone.latency_p50_ms, slack_ms))
     return Choice(
         int(delay_ms * 1000),
-        f"min(latency left {slack_ms:.1f} ms, one batch's p50 {chosen.latency_p50_ms:.1f} ms)",
+        f"{LONE_REQUEST_DELAY_SHARE:.0%} of a lone request's latency (batch {lone.batch} p50 "
+        f"{lone.latency_p50_ms:.1f} ms), within the latency left ({slack_ms:.1f} ms): a busy instance's "
+        "queue forms batches with no delay, so waiting longer only slows light traffic",
     )
 
 
@@ -197,20 +232,30 @@ def choose_pool_bytes(
     )
 
 
-def plan(profile: Profile, budgets: Budgets) -> Plan:
-    """Settings from measurements: the largest batch that fits memory and leaves room in the
+def output_error(profile: Profile) -> float:
+    """The largest absolute difference of the profile's outputs from fp32's (0 for fp32)."""
+    return max((v for k, v in profile.output_difference.items() if k.endswith("_max_abs")), default=0.0)
+
+
+def plan_for(profile: Profile, budgets: Budgets) -> Plan:
+    """Settings from one profile: the largest batch that fits memory and leaves room in the
     latency budget; instances from memory and cores; a bounded queue that rejects overload."""
     check_feasible(profile, budgets)
     fits = fitting_points(profile, budgets)
     batch = choose_max_batch_size(profile, budgets, fits)
     chosen = next(p for p in fits if p.batch == batch.value)
     preferred, preferred_reason = choose_preferred_sizes(fits)
-    delay = choose_queue_delay(chosen, budgets)
+    delay = choose_queue_delay(profile, chosen, budgets)
     instances = choose_instance_count(profile, budgets, chosen)
     queue_size = choose_queue_size(chosen, budgets, instances.value)
     initial, limit = choose_pool_bytes(profile, budgets, chosen, instances.value)
     timeout_reason = "a request queued for the whole latency budget is rejected, not served late"
     return Plan(
+        profile=profile,
+        torch_threads=profile.torch_threads,
+        precision=profile.precision,
+        predicted_throughput=instances.value * max(p.throughput for p in fits),
+        lone_latency_ms=lone_point(profile).latency_p50_ms + delay.value / 1000,
         max_batch_size=batch.value,
         preferred_batch_sizes=preferred,
         max_queue_delay_us=delay.value,
@@ -229,8 +274,47 @@ def plan(profile: Profile, budgets: Budgets) -> Plan:
             "queue_timeout_us": timeout_reason + ("" if budgets.bounded_queue else UNWRITTEN_QUEUE_NOTE),
             "pool_initial_bytes": initial.reason,
             "pool_limit_bytes": limit.reason,
+            "torch_threads": f"as profiled on {profile.machine or 'this machine'}",
+            "precision": "fp32" if profile.precision == "fp32"
+            else f"outputs within {output_error(profile):.3g} of fp32 (max abs), <= --max-output-error",
         },
-    )
+    )  # fmt: skip
+
+
+def candidates(profiles: list[Profile], budgets: Budgets) -> tuple[list[Plan], list[str]]:
+    """One plan per profile that may serve (a precision whose outputs stay within the error
+    budget, budgets that can be met), best first: by predicted throughput and, within
+    THROUGHPUT_TIE of the best, by the latency of a lone request. Also why the others were left out."""
+    plans, left_out = [], []
+    for profile in profiles:
+        name = f"{profile.torch_threads} threads, {profile.precision}"
+        error = output_error(profile)
+        if profile.precision != "fp32" and (
+            not profile.output_difference or error > budgets.max_output_error
+        ):
+            measured = f"{error:.3g}" if profile.output_difference else "not measured"
+            left_out.append(
+                f"{name}: output difference {measured} > --max-output-error {budgets.max_output_error}"
+            )
+            continue
+        try:
+            plans.append(plan_for(profile, budgets))
+        except PlanError as exc:
+            left_out.append(f"{name}: {exc}")
+    if not plans:
+        raise PlanError("no profile can serve within the budgets: " + "; ".join(left_out))
+    best = max(p.predicted_throughput for p in plans)
+
+    def rank(p: Plan) -> tuple[bool, float, float]:
+        tied = p.predicted_throughput >= (1 - THROUGHPUT_TIE) * best
+        return (not tied, 0.0 if tied else -p.predicted_throughput, p.lone_latency_ms)
+
+    return sorted(plans, key=rank), left_out
+
+
+def plan(profiles: Profile | list[Profile], budgets: Budgets) -> Plan:
+    """The best-ranked candidate (see `candidates`)."""
+    return candidates([profiles] if isinstance(profiles, Profile) else profiles, budgets)[0][0]
 
 
 def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
@@ -254,19 +338,23 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
         config.instance_group.add()
     for group in config.instance_group:
         group.count = result.instance_count
+    config.parameters["TORCH_NUM_THREADS"].string_value = str(result.torch_threads)
+    config.parameters["PRECISION"].string_value = result.precision
     config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
     config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)
     config.parameters.pop("POOL_WARMUP_BATCH_SIZES", None)  # follows max_batch_size at load
     return config
 
 
-def plan_header(profile: Profile, budgets: Budgets, result: Plan) -> list[str]:
+def plan_header(budgets: Budgets, result: Plan, notes: Sequence[str] = ()) -> list[str]:
+    profile = result.profile
+    assert profile is not None, "a plan made by plan_for knows its profile"
     point = profile.point(result.max_batch_size)
     return [
         "Generated by `tidepool plan`; edit the budgets and run it again rather than editing by hand.",
-        f"Planned on: {profile.machine or 'an unrecorded machine'}.",
+        f"{PLANNED_ON} {profile.machine or 'an unrecorded machine'}.",
         f"Budgets: memory {budgets.memory_bytes / MIB:.0f} MiB x headroom {budgets.headroom}, "
-        f"latency {budgets.latency_ms} ms, {budgets.cores} cores.",
+        f"latency {budgets.latency_ms} ms, {budgets.cores} cores, output error {budgets.max_output_error}.",
         f"Profile: {profile.device}, {profile.precision}, {profile.torch_threads} torch threads; static "
         f"{profile.static_bytes / MIB:.1f} MiB; memory(b) = static + "
         f"{profile.per_sample_bytes / MIB:.3f} MiB x b + {profile.workspace_bytes / MIB:.3f} MiB.",
@@ -275,10 +363,11 @@ def plan_header(profile: Profile, budgets: Budgets, result: Plan) -> list[str]:
         if point
         else "",
         *(f"{key}: {reason}" for key, reason in result.reasons.items()),
+        *notes,
     ]
 
 
-def write_plan(model_dir: Path, profile: Profile, budgets: Budgets, result: Plan) -> Path:
+def write_plan(model_dir: Path, budgets: Budgets, result: Plan, notes: Sequence[str] = ()) -> Path:
     path = model_dir / "config.pbtxt"
     config = planned_config(read_config(path), result)
-    return write_config(path, config, plan_header(profile, budgets, result))
+    return write_config(path, config, plan_header(budgets, result, notes))

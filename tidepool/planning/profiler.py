@@ -23,7 +23,9 @@ class ProfileError(TidepoolError):
     """The model could not be measured; says at which batch size and why."""
 
 
-def _instance(model_dir: Path, batch_sizes: Sequence[int], device: str, precision: str) -> ModelInstance:
+def _instance(
+    model_dir: Path, batch_sizes: Sequence[int], device: str, precision: str, torch_threads: int | None = None
+) -> ModelInstance:
     config = read_config_dict(model_dir / "config.pbtxt")  # a fresh dict: ours to change
     config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
     parameters = config.setdefault("parameters", {})
@@ -33,6 +35,8 @@ def _instance(model_dir: Path, batch_sizes: Sequence[int], device: str, precisio
         POOL={"string_value": "on"},
         POOL_WARMUP_BATCH_SIZES={"string_value": "1"},
     )
+    if torch_threads is not None:
+        parameters["TORCH_NUM_THREADS"] = {"string_value": str(torch_threads)}
     for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES"):  # measure, do not cap
         parameters.pop(key, None)
     return ModelInstance.load(config, model_dir)
@@ -102,10 +106,12 @@ def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_
     )
 
 
-def output_difference(model_dir: Path, device: str, precision: str, batch: int) -> dict[str, float]:
+def output_difference(
+    model_dir: Path, device: str, precision: str, batch: int, torch_threads: int | None = None
+) -> dict[str, float]:
     """How far `precision`'s outputs are from fp32's on the same inputs."""
-    low = _instance(model_dir, [batch], device, precision)
-    full = _instance(model_dir, [batch], device, "fp32")
+    low = _instance(model_dir, [batch], device, precision, torch_threads)
+    full = _instance(model_dir, [batch], device, "fp32", torch_threads)
     requests = _rows(full, batch, seed=7)
     differences: dict[str, float] = {}
     ours_all, reference_all = low.execute(requests).results, full.execute(requests).results
@@ -133,6 +139,7 @@ def profile_model(
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     device: str = "cpu",
     precision: str = "fp32",
+    torch_threads: int | None = None,
     max_latency_ms: float | None = None,
     memory_limit_bytes: int | None = None,
     min_iterations: int = 10,
@@ -142,7 +149,7 @@ def profile_model(
 ) -> Profile:
     model_dir = Path(model_dir)
     began = time.perf_counter()
-    instance = _instance(model_dir, batch_sizes, device, precision)
+    instance = _instance(model_dir, batch_sizes, device, precision, torch_threads)
     profile = Profile(
         model=instance.model.name or model_dir.name,
         device=device,
@@ -177,7 +184,9 @@ def profile_model(
     instance.close()
     if precision != "fp32":
         progress(f"comparing {precision} outputs with fp32")
-        profile.output_difference = output_difference(model_dir, device, precision, min(4, max(batch_sizes)))
+        profile.output_difference = output_difference(
+            model_dir, device, precision, min(4, max(batch_sizes)), torch_threads
+        )
     profile.seconds = time.perf_counter() - began
     return profile
 

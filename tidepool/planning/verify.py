@@ -1,0 +1,179 @@
+"""`tidepool plan --verify`: the top candidates served side by side by one real tritonserver
+(explicit model control, each loaded once), measured closed loop at every load level, levels
+taken in turn across candidates so drift is shared; the pick meets the p99 budget at the most
+levels, then has the best throughput relative to the best seen at each level."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tidepool.clients.connection import Connection
+from tidepool.clients.sweep import Sweep, SweepSettings
+from tidepool.configfile import read_config, write_config
+from tidepool.errors import TidepoolError
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.planning.planner import Budgets, Plan, planned_config
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16)
+
+
+class VerifyError(TidepoolError):
+    """A candidate could not be served or measured."""
+
+
+@dataclass
+class LevelFigures:
+    candidate: str
+    concurrency: int
+    throughput: float  # samples/s
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    avg_batch: float
+    meets_budget: bool
+
+
+@dataclass
+class Verification:
+    candidates: list[Plan]
+    figures: list[LevelFigures]
+    chosen: int  # index into candidates
+    seconds: float
+
+    def of(self, label: str) -> list[LevelFigures]:
+        return [f for f in self.figures if f.candidate == label]
+
+    def table(self) -> str:
+        levels = sorted({f.concurrency for f in self.figures})
+        head = f"{'candidate':<28}" + "".join(f"{'c=' + str(c):>18}" for c in levels)
+        lines = [head, " " * 28 + "".join(f"{'infer/s  p99 ms':>18}" for _ in levels)]
+        for index, plan in enumerate(self.candidates):
+            cells = "".join(
+                f"{f.throughput:>9.1f}{f.p99_ms:>8.1f}{'' if f.meets_budget else '!':<1}"
+                for f in self.of(plan.label)
+            )
+            mark = " <- chosen" if index == self.chosen else ""
+            lines.append(f"{plan.label:<28}{cells}{mark}")
+        return "\n".join(lines) + "\n(! = p99 over the latency budget at that level)"
+
+    def header_notes(self) -> list[str]:
+        """Lines for the config's comment header: what verification measured for the chosen plan."""
+        chosen = self.candidates[self.chosen]
+        cells = ", ".join(
+            f"c={f.concurrency} {f.throughput:.0f}/s p99 {f.p99_ms:.0f} ms" for f in self.of(chosen.label)
+        )
+        others = "; ".join(p.label for i, p in enumerate(self.candidates) if i != self.chosen) or "none"
+        return [
+            f"Verified on a real server in {self.seconds:.0f} s: {cells}.",
+            f"Chosen over: {others} (meets the p99 budget at the most levels, then the best throughput).",
+        ]
+
+
+def choose(candidates: Sequence[Plan], figures: Sequence[LevelFigures]) -> int:
+    """Most levels within the p99 budget; then the highest mean of throughput / best at that level."""
+    best: dict[int, float] = {}
+    for f in figures:
+        best[f.concurrency] = max(best.get(f.concurrency, 0.0), f.throughput)
+
+    def score(index: int) -> tuple[int, float]:
+        own = [f for f in figures if f.candidate == candidates[index].label]
+        met = sum(f.meets_budget for f in own)
+        relative = sum(f.throughput / best[f.concurrency] for f in own if best[f.concurrency]) / max(
+            1, len(own)
+        )
+        return met, relative
+
+    return max(range(len(candidates)), key=score)
+
+
+def _load(connection: Connection, name: str) -> None:
+    try:
+        connection.client.load_model(name)
+    except Exception as exc:
+        raise VerifyError(f"candidate {name} did not load: {exc}") from None
+
+
+def verify(
+    model_dir: Path,
+    candidates: Sequence[Plan],
+    budgets: Budgets,
+    levels: Sequence[int] = DEFAULT_LEVELS,
+    window_s: float = 3.0,
+    progress: Callable[[str], None] = lambda text: None,
+) -> Verification:
+    began = time.perf_counter()
+    base = read_config(model_dir / "config.pbtxt")
+    names = [f"{base.name or model_dir.name}__{i}" for i in range(len(candidates))]
+    with tempfile.TemporaryDirectory(prefix="tidepool-verify-") as tmp:
+        repository = Path(tmp)
+        for name, candidate in zip(names, candidates, strict=True):
+            shutil.copytree(
+                model_dir, repository / name, ignore=shutil.ignore_patterns("__pycache__", "*.tmp")
+            )
+            config = planned_config(base, candidate)
+            config.name = name
+            write_config(repository / name / "config.pbtxt", config)
+        server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
+        figures: list[LevelFigures] = []
+        with TritonServer(server_config), Connection.open("http", server_config.http_url) as connection:
+            for name, candidate in zip(names, candidates, strict=True):
+                progress(f"loading {candidate.label}")
+                _load(connection, name)
+            for level in levels:
+                for name, candidate in zip(names, candidates, strict=True):
+                    progress(f"c={level}: {candidate.label}")
+                    settings = SweepSettings(
+                        name, protocol="grpc", url=server_config.grpc_url, concurrency=(level,),
+                        window_s=window_s, warmup_s=1.0, max_windows=3,
+                    )  # fmt: skip
+                    [result] = Sweep(settings).run()
+                    figures.append(
+                        LevelFigures(
+                            candidate=candidate.label, concurrency=level, throughput=result.throughput,
+                            p50_ms=result.p50_ms, p99_ms=result.p99_ms, errors=result.errors,
+                            avg_batch=result.avg_batch,
+                            meets_budget=result.errors == 0 and result.p99_ms <= budgets.latency_ms,
+                        )
+                    )  # fmt: skip
+    return Verification(list(candidates), figures, choose(candidates, figures), time.perf_counter() - began)
+
+
+def write_verification(verification: Verification, out_dir: Path, title: str) -> list[Path]:
+    """The per-level table as CSV, and a PNG: throughput and p99 against concurrency per candidate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / "verification.csv"
+    rows = [asdict(f) for f in verification.figures]
+    with csv_path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+    for index, plan in enumerate(verification.candidates):
+        own = verification.of(plan.label)
+        label = plan.label + (" (chosen)" if index == verification.chosen else "")
+        top.plot([f.concurrency for f in own], [f.throughput for f in own], marker="o", label=label)
+        bottom.plot([f.concurrency for f in own], [f.p99_ms for f in own], marker="o", label=label)
+    top.set_ylabel("throughput (samples/s)")
+    bottom.set_ylabel("p99 latency (ms)")
+    bottom.set_xlabel("concurrency (closed loop)")
+    for axes in (top, bottom):
+        axes.set_xscale("log", base=2)
+        axes.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    top.set_title(title)
+    figure.tight_layout()
+    png_path = out_dir / "verification.png"
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return [csv_path, png_path]
