@@ -88,8 +88,8 @@ def planned_elsewhere(repository: Path) -> list[str]:
                 if there != here:
                     warnings.append(
                         f"tidepool: NOTE: {config.parent.name}'s config was planned on {there}; "
-                        f"this machine has {here}. Re-plan it here: tidepool plan {config.parent} --memory-budget ... "
-                        "--latency-budget-ms ... --write (for the examples: make configs)"
+                        f"this machine has {here}. Re-plan it here: tidepool plan {config.parent} "
+                        "--memory-budget ... --latency-budget-ms ... --write (for the examples: make configs)"
                     )
     return warnings
 
