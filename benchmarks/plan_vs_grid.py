@@ -1,9 +1,17 @@
-"""The planner against a brute-force grid, measured on one real server in one run: every
-max_batch_size in 1..32 (powers of 2) x a few queue delays, each loaded into the server and
-swept at one concurrency; then the planned config. Prints throughput, p99, whether the latency
-budget is met, and the wall time of planning next to the grid's.
+"""The planned config at every load level, against a grid of configs and two baselines, on one
+real server in one run:
 
-    .venv/bin/python -m benchmarks.plan_vs_grid [--model encoder] [--latency-budget-ms 100]
+1. `tidepool plan --verify` (profile at each thread split, rank, serve the top candidates), timed;
+2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
+   Python backend (same model, same threads and instances, 2 ms delay) loaded together and
+   measured level by level in turn, for --rounds rounds (the spread is printed);
+3. the grid: max_batch_size x delay x instances/threads, each loaded once (a config override),
+   measured at every level;
+4. per level: the planned throughput against the best grid point that meets the p99 budget, and
+   against both baselines; planning time against the grid's.
+
+    .venv/bin/python -m benchmarks.plan_vs_grid --model encoder [--latency-budget-ms 100]
+        [--levels 1,2,4,8,16] [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid]
 """
 
 from __future__ import annotations
@@ -11,36 +19,99 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import tritonclient.http as httpclient
-
-from tidepool.clients.sweep import Sweep, SweepSettings
-from tidepool.configfile import read_config_dict
+from tidepool.clients.connection import Connection
+from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.configfile import as_dict, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.planning.planner import Budgets, plan, write_plan
+from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
+from tidepool.planning.verify import verify
 from tidepool.testing import MODEL_REPOSITORY
 
-DELAYS_US = (0, 2000, 10000)
-BATCHES = (1, 2, 4, 8, 16, 32)
+GRID_BATCHES = (1, 2, 4, 8, 16)
+GRID_DELAYS_US = (0, 2000, 10000)
+PLAIN_DELAY_US = 2000
 
 
-def measure(server: TritonServer, model: str, config: dict, concurrency: int, window_s: float):
-    client = httpclient.InferenceServerClient(server.config.http_url)
-    client.load_model(model, config=json.dumps(config))
-    client.close()
+def sweep(server: TritonServer, model: str, levels: list[int], window_s: float) -> list[LevelResult]:
     settings = SweepSettings(
         model,
         url=server.config.grpc_url,
-        concurrency=(concurrency,),
+        concurrency=tuple(levels),
         window_s=window_s,
-        warmup_s=2,
+        warmup_s=1.0,
         max_windows=3,
     )
-    return Sweep(settings).run()[0]
+    return Sweep(settings).run()
+
+
+def plan_model(model_dir: Path, budgets: Budgets, precisions: list[str], levels: list[int], window_s: float):
+    """What `tidepool plan --verify --write` does; returns the chosen plan and the seconds it took."""
+    began = time.perf_counter()
+    profiles = [
+        profile_model(
+            model_dir, (1, 2, 4, 8, 16), precision=precision, torch_threads=threads, max_seconds_per_point=1.5
+        )
+        for threads in thread_splits(budgets.cores)
+        for precision in precisions
+    ]
+    ranked, _ = candidates(profiles, budgets)
+    verification = verify(model_dir, ranked[:3], budgets, levels, window_s)
+    chosen = ranked[verification.chosen]
+    write_plan(model_dir, budgets, chosen, verification.header_notes())
+    print(verification.table(), flush=True)
+    return chosen, time.perf_counter() - began
+
+
+def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
+    """`dynb`: the planned config with `dynamic_batching {}`; `plain`: Triton's Python backend."""
+    planned = read_config(planned_dir / "config.pbtxt")
+    dynb = repository / "dynb"
+    shutil.copytree(planned_dir, dynb, ignore=shutil.ignore_patterns("__pycache__"))
+    config = read_config(planned_dir / "config.pbtxt")
+    config.name = "dynb"
+    config.dynamic_batching.Clear()
+    config.dynamic_batching.SetInParent()
+    write_config(dynb / "config.pbtxt", config)
+
+    plain = repository / "plain"
+    (plain / "1").mkdir(parents=True)
+    factory = planned.parameters["MODEL_FACTORY"].string_value
+    shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), plain)
+    shutil.copy(Path(__file__).with_name("plain_python_model.py"), plain / "1" / "model.py")
+    config = read_config(planned_dir / "config.pbtxt")
+    config.name, config.backend = "plain", "python"
+    config.ClearField("parameters")
+    config.parameters["FACTORY"].string_value = factory
+    config.parameters["TORCH_NUM_THREADS"].string_value = planned.parameters["TORCH_NUM_THREADS"].string_value
+    config.dynamic_batching.Clear()
+    config.dynamic_batching.max_queue_delay_microseconds = PLAIN_DELAY_US
+    write_config(plain / "config.pbtxt", config)
+    return "dynb", "plain"
+
+
+def grid_configs(planned_dir: Path, cores: int):
+    base = as_dict(read_config(planned_dir / "config.pbtxt"))
+    for threads in thread_splits(cores):
+        for batch in GRID_BATCHES:
+            for delay in GRID_DELAYS_US:
+                config = json.loads(json.dumps(base))
+                config["max_batch_size"] = batch
+                config["dynamic_batching"] = {"max_queue_delay_microseconds": delay}
+                config["instance_group"][0]["count"] = cores // threads
+                config["parameters"]["TORCH_NUM_THREADS"] = {"string_value": str(threads)}
+                config["parameters"].pop("POOL_LIMIT_BYTES", None)
+                config["parameters"].pop("POOL_INITIAL_BYTES", None)
+                yield f"{cores // threads}x{threads} b{batch} d{delay / 1000:g}ms", config
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def main() -> None:
@@ -48,60 +119,89 @@ def main() -> None:
     parser.add_argument("--model", default="encoder")
     parser.add_argument("--latency-budget-ms", type=float, default=100.0)
     parser.add_argument("--memory-budget-mib", type=int, default=1024)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--window-s", type=float, default=4.0)
+    parser.add_argument("--levels", default="1,2,4,8,16")
+    parser.add_argument("--window-s", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-output-error", type=float, default=0.0)
+    parser.add_argument("--no-grid", action="store_true", help="only the plan and the two baselines")
     args = parser.parse_args()
-    budget = args.latency_budget_ms
+    levels = [int(level) for level in args.levels.split(",")]
+    budgets = Budgets(
+        memory_bytes=args.memory_budget_mib * 2**20, latency_ms=args.latency_budget_ms,
+        max_output_error=args.max_output_error,
+    )  # fmt: skip
+    precisions = ["fp32", "bf16"] if args.max_output_error > 0 else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
-        model_dir = repository / args.model
+        planned_dir = repository / args.model
         shutil.copytree(
-            MODEL_REPOSITORY / args.model, model_dir, ignore=shutil.ignore_patterns("__pycache__")
+            MODEL_REPOSITORY / args.model, planned_dir, ignore=shutil.ignore_patterns("__pycache__")
         )
+        chosen, planning_s = plan_model(planned_dir, budgets, precisions, levels, args.window_s)
+        print(f"planned {chosen.label} in {planning_s:.0f} s", flush=True)
+        dynb, plain = baseline_dirs(repository, planned_dir)
+        grid_dir = repository / "grid"
+        shutil.copytree(planned_dir, grid_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        config = read_config(grid_dir / "config.pbtxt")
+        config.name = "grid"
+        write_config(grid_dir / "config.pbtxt", config)
 
-        began = time.perf_counter()
-        profile = profile_model(model_dir, BATCHES, max_latency_ms=budget)
-        budgets = Budgets(memory_bytes=args.memory_budget_mib * 2**20, latency_ms=budget)
-        result = plan(profile, budgets)
-        write_plan(model_dir, budgets, result)
-        planning_s = time.perf_counter() - began
-        planned = read_config_dict(model_dir / "config.pbtxt")
+        server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
+        with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
+            side_by_side: dict[str, dict[int, list[LevelResult]]] = {}
+            for name in (args.model, dynb, plain):
+                http.client.load_model(name)
+                side_by_side[name] = {level: [] for level in levels}
+            for round_number in range(args.rounds):
+                for level in levels:
+                    for name in (args.model, dynb, plain):
+                        [result] = sweep(server, name, [level], args.window_s)
+                        side_by_side[name][level].append(result)
+                print(
+                    f"round {round_number + 1}/{args.rounds} of the planned config and the baselines done",
+                    flush=True,
+                )
+            for name in (args.model, dynb, plain):
+                http.client.unload_model(name)
 
-        config = ServerConfig.on_free_ports(
-            repository, extra_args=["--model-control-mode=explicit", f"--load-model={args.model}"]
-        )
-        rows = []
-        with TritonServer(config) as server:
+            grid: dict[str, list[LevelResult]] = {}
             grid_began = time.perf_counter()
-            for batch in BATCHES:
-                for delay in DELAYS_US:
-                    candidate = json.loads(json.dumps(planned))
-                    candidate["max_batch_size"] = batch
-                    candidate["dynamic_batching"] = {"max_queue_delay_microseconds": delay}
-                    candidate["parameters"]["POOL_WARMUP_BATCH_SIZES"] = {"string_value": str(batch)}
-                    level = measure(server, args.model, candidate, args.concurrency, args.window_s)
-                    rows.append((f"grid b={batch} delay={delay}us", level))
-                    print(
-                        f"  {rows[-1][0]}: {level.throughput:.1f} infer/s, p99 {level.p99_ms:.1f} ms",
-                        flush=True,
-                    )
+            if not args.no_grid:
+                for label, config in grid_configs(planned_dir, budgets.cores):
+                    http.client.load_model("grid", config=json.dumps(config))
+                    grid[label] = sweep(server, "grid", levels, args.window_s)
+                    figures = ", ".join(f"c={r.level:g} {r.throughput:.0f}/s" for r in grid[label])
+                    print(f"  grid {label}: {figures}", flush=True)
+                http.client.unload_model("grid")
             grid_s = time.perf_counter() - grid_began
-            planned_level = measure(server, args.model, planned, args.concurrency, args.window_s)
-    meeting = [(name, r) for name, r in rows if r.p99_ms <= budget and r.errors == 0]
-    best_name, best = max(meeting, key=lambda item: item[1].throughput) if meeting else ("none", None)
+
+    budget = args.latency_budget_ms
+    print(f"\n{args.model}: planned {chosen.label}; latency budget {budget} ms; "
+          f"median (min-max) of {args.rounds} rounds, infer/s")  # fmt: skip
+    print(f"{'c':>4}{'planned':>22}{'dynamic_batching {}':>22}{'plain python 2ms':>22}"
+          f"{'best grid (meets p99)':>36}{'planned/grid':>14}{'planned/dynb':>14}"
+          f"{'planned/plain':>15}")  # fmt: skip
+    for level in levels:
+        ours = [r.throughput for r in side_by_side[args.model][level]]
+        dyn = [r.throughput for r in side_by_side[dynb][level]]
+        pln = [r.throughput for r in side_by_side[plain][level]]
+        meeting = [(label, results[levels.index(level)]) for label, results in grid.items()]
+        meeting = [(label, r) for label, r in meeting if r.errors == 0 and r.p99_ms <= budget]
+        best_label, best = max(meeting, key=lambda item: item[1].throughput) if meeting else ("-", None)
+        best_text = f"{best.throughput:.1f} {best_label}" if best else "-"
+        ratio = f"{statistics.median(ours) / best.throughput:.3f}" if best else "-"
+        print(f"{level:>4}{spread(ours):>22}{spread(dyn):>22}{spread(pln):>22}{best_text:>36}{ratio:>14}"
+              f"{statistics.median(ours) / statistics.median(dyn):>14.3f}"
+              f"{statistics.median(ours) / statistics.median(pln):>15.3f}")  # fmt: skip
+    p99 = {name: [statistics.median(r.p99_ms for r in side_by_side[name][level]) for level in levels]
+           for name in (args.model, dynb, plain)}  # fmt: skip
     print(
-        f"\n{args.model}: latency budget {budget} ms, concurrency {args.concurrency}, {len(rows)} grid points"
+        "p99 ms per level: "
+        + "; ".join(f"{name} {[round(v, 1) for v in values]}" for name, values in p99.items())
     )
-    print(f"{'config':<30}{'infer/s':>10}{'p99 ms':>9}{'errors':>8}{'meets':>7}")
-    for name, r in [
-        *rows,
-        (f"planned b={result.max_batch_size} delay={result.max_queue_delay_us}us", planned_level),
-    ]:
-        print(f"{name:<30}{r.throughput:>10.1f}{r.p99_ms:>9.1f}{r.errors:>8d}{str(r.p99_ms <= budget):>7}")
-    if best is not None:
-        print(f"\nbest grid point meeting the budget: {best_name}, {best.throughput:.1f} infer/s")
-        print(f"planned / best grid throughput: {planned_level.throughput / best.throughput:.3f}")
-    print(f"planning took {planning_s:.1f} s, the grid {grid_s:.1f} s: {planning_s / grid_s:.1%}")
+    if grid:
+        print(f"planning (profiles + verification) took {planning_s:.0f} s, the grid {grid_s:.0f} s "
+              f"({len(grid)} configs): {planning_s / grid_s:.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":

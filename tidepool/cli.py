@@ -144,19 +144,15 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def thread_splits(cores: int) -> list[int]:
-    """Torch threads per instance worth trying on `cores` cores: each divisor, most threads first."""
-    return [t for t in range(cores, 0, -1) if cores % t == 0]
-
-
-def precisions_to_try(device: str, max_output_error: float) -> list[str]:
-    if max_output_error <= 0:
-        return ["fp32"]  # numerics never change unless asked
-    return ["fp32", "bf16", "int8"] if device == "cpu" else ["fp32", "bf16", "fp16"]
-
-
 def _plan(args: argparse.Namespace) -> int:
-    from tidepool.planning.planner import Budgets, PlanError, candidates, write_plan
+    from tidepool.planning.planner import (
+        Budgets,
+        PlanError,
+        candidates,
+        precisions_to_try,
+        thread_splits,
+        write_plan,
+    )
     from tidepool.planning.profile import Profile
 
     model_dir = Path(args.model_dir)

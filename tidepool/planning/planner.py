@@ -312,6 +312,17 @@ def candidates(profiles: list[Profile], budgets: Budgets) -> tuple[list[Plan], l
     return sorted(plans, key=rank), left_out
 
 
+def thread_splits(cores: int) -> list[int]:
+    """Torch threads per instance worth trying on `cores` cores: each divisor, most threads first."""
+    return [t for t in range(cores, 0, -1) if cores % t == 0]
+
+
+def precisions_to_try(device: str, max_output_error: float) -> list[str]:
+    if max_output_error <= 0:
+        return ["fp32"]  # numerics never change unless asked
+    return ["fp32", "bf16", "int8"] if device == "cpu" else ["fp32", "bf16", "fp16"]
+
+
 def plan(profiles: Profile | list[Profile], budgets: Budgets) -> Plan:
     """The best-ranked candidate (see `candidates`)."""
     return candidates([profiles] if isinstance(profiles, Profile) else profiles, budgets)[0][0]
