@@ -40,10 +40,10 @@ device-carry: $(STAMP)
 	rm -rf .device && mkdir -p .device
 	cp -r $$($(BIN)/python -c 'import tritonclient, os; print(os.path.dirname(tritonclient.__file__))') .device/
 
-# The example models' config.pbtxt, from a profile of this machine and these budgets.
+# The example models' config.pbtxt, profiled and verified on this machine with these budgets (minutes).
 configs: $(STAMP)
-	$(BIN)/tidepool plan model_repository/encoder --memory-budget 1GiB --latency-budget-ms 100 --write
-	$(BIN)/tidepool plan model_repository/convnet --memory-budget 1GiB --latency-budget-ms 250 --write
+	$(BIN)/tidepool plan model_repository/encoder --memory-budget 1GiB --latency-budget-ms 100 --verify --write
+	$(BIN)/tidepool plan model_repository/convnet --memory-budget 1GiB --latency-budget-ms 250 --verify --write
 
 perf-analyzer: $(STAMP)
 	bash benchmarks/get_perf_analyzer.sh

@@ -86,7 +86,8 @@ def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
     shutil.copy(Path(__file__).with_name("plain_python_model.py"), plain / "1" / "model.py")
     config = read_config(planned_dir / "config.pbtxt")
     config.name, config.backend = "plain", "python"
-    config.ClearField("parameters")
+    for key in [key for key in config.parameters if not key.startswith("range.")]:
+        del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
     config.parameters["FACTORY"].string_value = factory
     config.parameters["TORCH_NUM_THREADS"].string_value = planned.parameters["TORCH_NUM_THREADS"].string_value
     config.dynamic_batching.Clear()
@@ -101,6 +102,7 @@ def grid_configs(planned_dir: Path, cores: int):
         for batch in GRID_BATCHES:
             for delay in GRID_DELAYS_US:
                 config = json.loads(json.dumps(base))
+                config["name"] = "grid"
                 config["max_batch_size"] = batch
                 config["dynamic_batching"] = {"max_queue_delay_microseconds": delay}
                 config["instance_group"][0]["count"] = cores // threads
@@ -157,6 +159,9 @@ def main() -> None:
                     for name in (args.model, dynb, plain):
                         [result] = sweep(server, name, [level], args.window_s)
                         side_by_side[name][level].append(result)
+                        print(f"  round {round_number + 1} c={level} {name}: {result.throughput:.1f}/s, "
+                              f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}",
+                              flush=True)  # fmt: skip
                 print(
                     f"round {round_number + 1}/{args.rounds} of the planned config and the baselines done",
                     flush=True,

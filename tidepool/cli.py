@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tidepool.errors import TidepoolError
 from tidepool.spec import parse_bytes
@@ -34,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
             backend_config=args.backend_config,
             log_verbose=args.log_verbose,
             grace_s=args.grace_s,
+            model_control=args.model_control,
         )
     )
 
@@ -165,6 +167,9 @@ def _plan(args: argparse.Namespace) -> int:
         max_output_error=args.max_output_error,
     )
     began = time.perf_counter()
+    if args.from_server and not args.profile:
+        print("no --profile given: profiling now, on the machine that serves "
+              "(pass saved profiles to spare it)", file=sys.stderr)  # fmt: skip
     if args.profile:
         profiles = [Profile.read(path) for path in args.profile]
     else:
@@ -180,6 +185,8 @@ def _plan(args: argparse.Namespace) -> int:
             for precision in precisions
         ]
         print(file=sys.stderr)
+    if args.from_server:
+        return _replan_live(args, model_dir, profiles, budgets)
     try:
         ranked, left_out = candidates(profiles, budgets)
     except PlanError as exc:
@@ -213,6 +220,52 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print("(dry run: --write writes config.pbtxt)")
     return 0
+
+
+def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any], budgets: Any) -> int:
+    """`tidepool plan --from-server`: observe, re-plan, and (with --apply) reload; --watch repeats."""
+    from tidepool.clients.connection import Connection
+    from tidepool.configfile import read_config
+    from tidepool.planning.live import (
+        GENERATION_PARAMETER,
+        apply,
+        decide,
+        observe,
+        served_config,
+        served_label,
+    )
+    from tidepool.planning.planner import write_plan
+
+    model = args.model or model_dir.name
+    base = read_config(model_dir / "config.pbtxt")
+    reloads = 0
+    with Connection.open("http", args.from_server) as connection:
+        while True:
+            served = served_config(connection, model)
+            generation = int(
+                served.get("parameters", {}).get(GENERATION_PARAMETER, {}).get("string_value", 0) or 0
+            )
+            label = served_label(served)
+            observation = observe(connection, model, args.window)
+            decision = decide(label, profiles, budgets, observation)
+            stamp = time.strftime("%H:%M:%S")
+            print(f"[{stamp}] {model}: {observation.describe()}", flush=True)
+            print(
+                f"[{stamp}] {model}: served {label}; planned {decision.plan.label}: {decision.reason}",
+                flush=True,
+            )
+            if decision.change and args.write:
+                write_plan(
+                    model_dir, budgets, decision.plan, [f"Re-planned from the live server: {decision.reason}"]
+                )
+            if decision.change and args.apply:
+                apply(connection, base, decision.plan, model, generation + 1, decision.reason)
+                reloads += 1
+                print(f"[{time.strftime('%H:%M:%S')}] tidepool: {model}: config changed from {label} to "
+                      f"{decision.plan.label} (generation {generation + 1}, reload {reloads})",
+                      flush=True)  # fmt: skip
+            if not args.watch:
+                return 0
 
 
 def _add_profile_options(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432",
     )
     serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument(
+        "--model-control",
+        choices=["none", "explicit"],
+        default="none",
+        help="explicit: load every model at start and allow reloads with a new config "
+        "(tidepool plan --from-server --apply)",
+    )
     serve.add_argument(
         "--grace-s",
         type=float,
@@ -324,7 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--report-dir", help="default: a new timestamped folder under ./reports/")
     load.add_argument("--batch", type=int, default=1, help="rows per request")
     load.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
-    load.add_argument("--step-users", type=int, help="step load: add this many users every --step-seconds")
+    load.add_argument(
+        "--step-users",
+        metavar="N|U1,U2,...",
+        help="step load: N adds N users every --step-seconds (4 steps); a list gives the users of each step",
+    )
     load.add_argument("--step-seconds", type=float, default=10.0)
     load.set_defaults(run=_load)
 
@@ -379,6 +443,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
     )
+    live = plan.add_argument_group("re-planning from a live server")
+    live.add_argument(
+        "--from-server", metavar="HOST:PORT", help="the live server's HTTP address: re-plan for its traffic"
+    )
+    live.add_argument("--model", help="the model's name on the server (default: the model directory's name)")
+    live.add_argument(
+        "--window", type=float, default=60.0, help="seconds of traffic per observation (default: 60)"
+    )
+    live.add_argument(
+        "--apply",
+        action="store_true",
+        help="load a changed config into the server (serve it with --model-control explicit)",
+    )
+    live.add_argument("--watch", action="store_true", help="observe and re-plan every window until stopped")
     plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
     plan.add_argument(
         "--bounded-queue",

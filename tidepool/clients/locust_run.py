@@ -34,7 +34,7 @@ class LoadSettings:
     report_dir: Path | None = None
     batch: int = 1
     input_data: str | None = None
-    step_users: int | None = None
+    step_users: str | None = None  # "8": +8 users each step; "1,2,4,8": the users at each step
     step_seconds: float = 10.0
 
 

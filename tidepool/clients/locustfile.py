@@ -84,20 +84,25 @@ class TritonHttpUser(TritonUser):
 
 if os.environ.get("TIDEPOOL_STEP_USERS"):
 
+    def step_levels() -> list[int]:
+        """Users at each step: TIDEPOOL_STEP_USERS as a list (1,2,4,8), or N: N, 2N, ... STEP_COUNT steps."""
+        text = os.environ["TIDEPOOL_STEP_USERS"]
+        if "," in text:
+            return [int(part) for part in text.split(",") if part.strip()]
+        count = int(os.environ.get("TIDEPOOL_STEP_COUNT", "4"))
+        return [int(text) * (step + 1) for step in range(count)]
+
     class StepLoad(LoadTestShape):
-        """+STEP_USERS users every STEP_SECONDS, for STEP_COUNT steps, then stop."""
+        """STEP_SECONDS at each level of users, then stop."""
 
-        step_users = int(os.environ["TIDEPOOL_STEP_USERS"])
+        levels = step_levels()
         step_seconds = float(os.environ.get("TIDEPOOL_STEP_SECONDS", "10"))
-        step_count = int(os.environ.get("TIDEPOOL_STEP_COUNT", "4"))
 
-        def tick(self):
-            elapsed = self.get_run_time()
-            step = int(elapsed // self.step_seconds)
-            if step >= self.step_count:
+        def tick(self) -> tuple[int, float] | None:
+            step = int(self.get_run_time() // self.step_seconds)
+            if step >= len(self.levels):
                 return None
-            users = self.step_users * (step + 1)
-            return users, users
+            return self.levels[step], float(self.levels[step])
 
     __all__.append("StepLoad")
 

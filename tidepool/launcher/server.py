@@ -70,6 +70,9 @@ class ServerConfig:
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
     grace_s: float = DEFAULT_GRACE_S  # from the stop signal to the server's exit, drain included
+    # "none": the repository is loaded once; "explicit": every model is loaded at start and can be
+    # reloaded with a new config through the repository API (`tidepool plan --from-server --apply`).
+    model_control: str = "none"
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, **settings: Any) -> ServerConfig:
@@ -137,6 +140,8 @@ class TritonServer:
             f"--log-verbose={c.log_verbose}",
             f"--exit-timeout-secs={max(1, int(c.grace_s - DRAIN_MARGIN_S))}",
         ]
+        if c.model_control == "explicit":
+            args += ["--model-control-mode=explicit", "--load-model=*"]
         backend_config = list(c.backend_config)
         if not any("shm-region-prefix-name" in item for item in backend_config):
             # Regions named after this launcher, so that a later one can remove them if it is killed.

@@ -137,6 +137,8 @@ class ModelInstance:
         """One line for the log: where the instance runs, its pool, the process's settings."""
         pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
         notes = [*self.settings.notes, *self.process_notes, *self.warmup_notes]
+        if self.settings.plan_generation:
+            notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
         return (
             f"{self.settings.device}, {self.settings.precision}; {pool}; {self.process.describe()}"
             + "".join(f"; NOTE: {note}" for note in notes)

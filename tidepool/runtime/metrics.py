@@ -30,6 +30,7 @@ COUNTERS = {
 
 
 PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
+PLAN_GENERATION = "tidepool_plan_generation"
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
 ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
@@ -80,6 +81,12 @@ class InstanceMetrics:
             kind=family.COUNTER,
         )
         self.page_faults = self.families[PAGE_FAULTS].Metric(labels=labels)
+        self.families[PLAN_GENERATION] = family(
+            name=PLAN_GENERATION,
+            description="Which config the instance serves: 0 as written, N after the N-th live re-plan",
+            kind=family.GAUGE,
+        )
+        self.plan_generation = self.families[PLAN_GENERATION].Metric(labels=labels)
         self.walked_at = -FRAGMENTATION_INTERVAL_S
 
     def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:

@@ -59,6 +59,8 @@ class TritonPythonModel:
         self.metrics, metrics_note = InstanceMetrics.create(
             pb_utils, args["model_name"], args["model_instance_name"]
         )
+        if self.metrics is not None:
+            self.metrics.plan_generation.set(self.instance.settings.plan_generation)
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
         )

@@ -98,6 +98,9 @@ class InstanceSettings:
     pool_retain_heap: bool  # keep torch's own freed CPU memory for the next execution
     warmup_batch_sizes: tuple[int, ...]
     notes: tuple[str, ...] = ()  # what was adjusted at load, for the log
+    # Set by `tidepool plan --from-server --apply` on each config it loads: which one, and why.
+    plan_generation: int = 0
+    plan_reason: str = ""
 
     @property
     def on_gpu(self) -> bool:
@@ -147,6 +150,8 @@ class InstanceSettings:
             pool_retain_heap=model.choice_param("POOL_RETAIN_HEAP", ("true", "false"), "true") == "true",
             warmup_batch_sizes=sizes,
             notes=tuple(notes),
+            plan_generation=model.int_param("TIDEPOOL_PLAN_GENERATION", 0),
+            plan_reason=model.param("TIDEPOOL_PLAN_REASON", "") or "",
         )
 
     def why_heap_not_kept(self) -> str | None:

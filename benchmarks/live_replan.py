@@ -1,0 +1,165 @@
+"""The closed loop against a static plan, under the same Locust step load (1 -> 32 users), on one
+machine in one run:
+
+1. profile the model at each thread split (saved profiles, as `tidepool plan --profile` takes);
+2. static: `tidepool serve` with the config `tidepool plan` writes from those profiles;
+3. watch: `tidepool serve --model-control explicit` started from a deliberately poor config, with
+   `tidepool plan --from-server --watch --apply` re-planning every window;
+4. steady: the same watch under a constant load, to show it reloads once at most (no flapping).
+
+Per step (throughput and p99 at its end, from Locust's history), failures, and reloads.
+
+    .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tidepool.clients.locust_run import LoadSettings, run_load
+from tidepool.clients.metrics import scrape, value
+from tidepool.configfile import read_config, write_config
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
+from tidepool.planning.profiler import profile_model
+from tidepool.testing import MODEL_REPOSITORY
+
+STEPS = "1,2,4,8,16,32"
+
+
+def poor_config(model_dir: Path) -> None:
+    """One 2-thread instance, no batching at all, a 50 ms delay: what nobody should serve with."""
+    config = read_config(model_dir / "config.pbtxt")
+    config.max_batch_size = 1
+    config.dynamic_batching.max_queue_delay_microseconds = 50_000
+    config.instance_group[0].count = 1
+    config.parameters["TORCH_NUM_THREADS"].string_value = "2"
+    write_config(model_dir / "config.pbtxt", config)
+
+
+def steps_from_history(
+    report_dir: Path, step_seconds: float, levels: list[int]
+) -> list[tuple[int, float, float]]:
+    """(users, requests/s, p99 ms) at the end of each step, from Locust's per-second history."""
+    with (report_dir / "locust_stats_history.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row["Name"] == "Aggregated"]
+    start = float(rows[0]["Timestamp"])
+    found = []
+    for index, users in enumerate(levels):
+        end = start + (index + 1) * step_seconds - 1
+        at_end = [row for row in rows if float(row["Timestamp"]) <= end]
+        row = at_end[-1]
+        found.append(
+            (users, float(row["Requests/s"] or 0), float(row["99%"] or 0) if row["99%"] != "N/A" else 0.0)
+        )
+    return found
+
+
+def served_run(repository: Path, model: str, steps: str, step_seconds: float, watch: list[str] | None,
+               report_dir: Path) -> tuple[object, list[str], float]:  # fmt: skip
+    """Serve, load with Locust (and run the watcher beside it); the summary, the watcher's lines
+    and the plan generation the server reports at the end."""
+    config = ServerConfig.on_free_ports(repository, model_control="explicit")
+    with TritonServer(config):
+        watcher = None
+        if watch is not None:
+            command = [sys.executable, "-m", "tidepool.cli", "plan", str(repository / model),
+                       "--from-server", config.http_url, "--watch", "--apply", *watch]  # fmt: skip
+            watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        levels = [int(u) for u in steps.split(",")]
+        settings = LoadSettings(
+            model, users=max(levels), spawn_rate=64, duration=f"{int(len(levels) * step_seconds)}s",
+            url=config.grpc_url, report_dir=report_dir, step_users=steps, step_seconds=step_seconds,
+        )  # fmt: skip
+        summary = run_load(settings)
+        generation = value(scrape(config.metrics_url), "tidepool_plan_generation", model=model)
+        lines: list[str] = []
+        if watcher is not None:
+            watcher.terminate()
+            lines = watcher.communicate(timeout=30)[0].splitlines()
+        return summary, lines, generation
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--latency-budget-ms", type=float, default=100.0)
+    parser.add_argument("--step-seconds", type=float, default=30.0)
+    parser.add_argument("--window", type=float, default=8.0)
+    args = parser.parse_args()
+    budgets = Budgets(memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms)
+    levels = [int(u) for u in STEPS.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        profiles = []
+        for threads in thread_splits(budgets.cores):
+            profile = profile_model(MODEL_REPOSITORY / args.model, (1, 2, 4, 8, 16), torch_threads=threads,
+                                    max_seconds_per_point=1.5)  # fmt: skip
+            path = root / f"profile-{threads}.json"
+            path.write_text(profile.to_json())
+            profiles.append(profile)
+        results = {}
+        for run in ("static", "watch", "steady"):
+            repository = root / run
+            model_dir = repository / args.model
+            shutil.copytree(
+                MODEL_REPOSITORY / args.model, model_dir, ignore=shutil.ignore_patterns("__pycache__")
+            )
+            watch = None
+            steps = STEPS
+            if run == "static":
+                ranked, _ = candidates(profiles, budgets)
+                write_plan(model_dir, budgets, ranked[0])
+            else:
+                poor_config(model_dir)
+                profile_args = [
+                    arg for p in sorted(root.glob("profile-*.json")) for arg in ("--profile", str(p))
+                ]
+                watch = ["--window", str(args.window), "--memory-budget", "1GiB",
+                         "--latency-budget-ms", str(args.latency_budget_ms), *profile_args]  # fmt: skip
+                if run == "steady":
+                    steps = ",".join(["8"] * len(levels))
+            began = time.perf_counter()
+            summary, lines, generation = served_run(
+                repository, args.model, steps, args.step_seconds, watch, root / f"report-{run}"
+            )
+            per_step = steps_from_history(
+                root / f"report-{run}", args.step_seconds, [int(u) for u in steps.split(",")]
+            )
+            results[run] = (summary, lines, generation, per_step, time.perf_counter() - began)
+            print(f"{run}: {summary.requests} answered, {summary.failures} failed, "
+                  f"plan generation {generation:.0f}", flush=True)  # fmt: skip
+            for line in lines:
+                if "config changed" in line or "planned" in line:
+                    print(f"    {line}", flush=True)
+
+    print(
+        f"\n{args.model}: Locust step load {STEPS} users, {args.step_seconds:.0f} s a step; "
+        "at each step's end"
+    )
+    print(f"{'users':>6}{'static req/s':>14}{'static p99':>12}{'watch req/s':>13}{'watch p99':>11}"
+          f"{'watch/static':>14}")  # fmt: skip
+    for (users, rps_s, p99_s), (_, rps_w, p99_w) in zip(
+        results["static"][3], results["watch"][3], strict=True
+    ):
+        print(
+            f"{users:>6}{rps_s:>14.1f}{p99_s:>12.0f}{rps_w:>13.1f}{p99_w:>11.0f}"
+            f"{rps_w / rps_s if rps_s else 0:>14.2f}"
+        )
+    for run in ("static", "watch", "steady"):
+        summary, lines, generation, _, seconds = results[run]
+        reloads = sum("config changed" in line for line in lines)
+        print(f"{run}: {summary.requests} requests, {summary.failures} failed, {reloads} reloads, "
+              f"final plan generation {generation:.0f}, p99 {summary.p99_ms:.0f} ms overall "
+              f"({seconds:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""`tidepool plan --from-server`: what a live server saw over a window (arrival rate, the batches it
+formed, queue and compute time per batch size, failures), a re-plan for that traffic from the
+model's profiles, and applying it through Triton's repository API without failing a request.
+
+The rule: serve with the lowest lone-request latency that still has capacity to spare for the
+traffic observed; switch to more capacity when the traffic nears what the config serves, and back
+only when it has fallen well below: two thresholds apart, so steady traffic never flaps."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tidepool.clients.connection import Connection
+from tidepool.configfile import ModelConfig, as_dict
+from tidepool.errors import TidepoolError
+from tidepool.planning.planner import Budgets, Plan, candidates, planned_config
+from tidepool.planning.profile import Profile
+
+# Switch to a config with more capacity when traffic passes this share of the current one's...
+SCALE_UP_AT = 0.75
+# ...to one with more spare capacity, whose capacity is at least traffic / this share...
+TARGET_LOAD = 0.5
+# ...and back to a lower-latency one only when traffic is below this share of its capacity.
+SCALE_DOWN_BELOW = 0.3
+GENERATION_PARAMETER = "TIDEPOOL_PLAN_GENERATION"
+REASON_PARAMETER = "TIDEPOOL_PLAN_REASON"
+
+
+class LiveError(TidepoolError):
+    """The live server could not be read or reconfigured."""
+
+
+@dataclass
+class Observation:
+    """One model's traffic over a window, from Triton's statistics API."""
+
+    model: str
+    window_s: float
+    inferences: int  # samples (rows) answered
+    requests: int  # requests answered
+    failures: int
+    executions: int
+    queue_ms: float  # mean per request
+    compute_ms: float  # mean compute_infer per execution
+    batches: dict[int, tuple[int, float]]  # batch size -> (executions, mean compute_infer ms)
+
+    @property
+    def rate(self) -> float:
+        """Samples per second the server was asked for (answered and failed)."""
+        return (self.inferences + self.failures) / self.window_s if self.window_s else 0.0
+
+    @property
+    def avg_batch(self) -> float:
+        return self.inferences / self.executions if self.executions else 0.0
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{b}x{n} ({ms:.1f} ms)" for b, (n, ms) in sorted(self.batches.items()))
+        return (
+            f"{self.rate:.1f} samples/s over {self.window_s:.0f} s, {self.failures} failed, mean batch "
+            f"{self.avg_batch:.2f}, queue {self.queue_ms:.1f} ms, compute {self.compute_ms:.1f} ms; "
+            f"batches: {sizes}"
+        )
+
+
+def _stats(connection: Connection, model: str) -> dict[str, Any]:
+    try:
+        entries = connection.statistics(model)["model_stats"]
+    except Exception as exc:
+        raise LiveError(f"cannot read the statistics of {model}: {exc}") from None
+    return max(entries, key=lambda entry: int(entry.get("version", "0") or 0))
+
+
+def _count_ns(source: dict[str, Any], key: str) -> tuple[int, int]:
+    entry = source.get(key, {})
+    return int(entry.get("count", 0)), int(entry.get("ns", 0))
+
+
+def difference(before: dict[str, Any], after: dict[str, Any], window_s: float) -> Observation:
+    """What happened between two statistics snapshots of one model."""
+    stats_a, stats_b = before.get("inference_stats", {}), after.get("inference_stats", {})
+
+    def delta(key: str) -> tuple[int, int]:
+        (count_a, ns_a), (count_b, ns_b) = _count_ns(stats_a, key), _count_ns(stats_b, key)
+        return count_b - count_a, ns_b - ns_a
+
+    success, queue, fail = delta("success"), delta("queue"), delta("fail")
+    earlier = {int(b["batch_size"]): _count_ns(b, "compute_infer") for b in before.get("batch_stats", [])}
+    batches = {}
+    for entry in after.get("batch_stats", []):
+        size = int(entry["batch_size"])
+        count, ns = _count_ns(entry, "compute_infer")
+        count_a, ns_a = earlier.get(size, (0, 0))
+        if count > count_a:
+            batches[size] = (count - count_a, (ns - ns_a) / (count - count_a) / 1e6)
+    executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
+    total_ms = sum(n * ms for n, ms in batches.values())
+    return Observation(
+        model=after.get("name", ""),
+        window_s=window_s,
+        inferences=int(after.get("inference_count", 0)) - int(before.get("inference_count", 0)),
+        requests=success[0],
+        failures=fail[0],
+        executions=executions,
+        queue_ms=queue[1] / queue[0] / 1e6 if queue[0] else 0.0,
+        compute_ms=total_ms / sum(n for n, _ in batches.values()) if batches else 0.0,
+        batches=batches,
+    )
+
+
+def observe(
+    connection: Connection, model: str, window_s: float, sleep: Callable[[float], None] = time.sleep
+) -> Observation:
+    before, began = _stats(connection, model), time.monotonic()
+    sleep(window_s)
+    return difference(before, _stats(connection, model), time.monotonic() - began)
+
+
+def speed_factor(observation: Observation, profile: Profile) -> float:
+    """How much slower (> 1) the served model computes than its profile said, from the batch sizes
+    the server ran (execution-weighted); 1.0 when nothing comparable was observed."""
+    weighted, weights = 0.0, 0
+    for size, (count, ms) in observation.batches.items():
+        point = profile.point(size)
+        if point is not None and point.latency_p50_ms > 0:
+            weighted += count * ms / point.latency_p50_ms
+            weights += count
+    return weighted / weights if weights else 1.0
+
+
+@dataclass
+class Decision:
+    plan: Plan
+    change: bool
+    reason: str
+
+
+def served_label(config: dict[str, Any]) -> str:
+    """The label (as Plan.label) of a config as the server reports it."""
+    parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+    delay = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
+    return (
+        f"{instances}x{parameters.get('TORCH_NUM_THREADS', '?')} {parameters.get('PRECISION', 'fp32')} "
+        f"b{config.get('max_batch_size', 0)} d{delay / 1000:g}ms"
+    )
+
+
+def decide(
+    current_label: str, profiles: list[Profile], budgets: Budgets, observation: Observation
+) -> Decision:
+    """The plan for the traffic observed, and whether it is worth a reload (see the module doc)."""
+    ranked, _ = candidates(profiles, budgets)
+    current = next((p for p in ranked if p.label == current_label), None)
+    served_profile = current.profile if current is not None and current.profile else ranked[0].profile
+    assert served_profile is not None
+    slow = max(1.0, speed_factor(observation, served_profile))
+    capacity = {p.label: p.predicted_throughput / slow for p in ranked}
+    rate = observation.rate
+    by_latency = sorted(ranked, key=lambda p: p.lone_latency_ms)
+    roomy = [p for p in by_latency if rate <= TARGET_LOAD * capacity[p.label]]
+    wanted = roomy[0] if roomy else max(ranked, key=lambda p: capacity[p.label])
+    note = f"traffic {rate:.1f} samples/s; served {slow:.2f}x slower than profiled"
+    if current is None:
+        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
+    load = rate / capacity[current.label] if capacity[current.label] else float("inf")
+    if load > SCALE_UP_AT and capacity[wanted.label] > capacity[current.label]:
+        return Decision(
+            wanted, True,
+            f"{note}: {load:.0%} of {current.label}'s capacity ({capacity[current.label]:.0f}/s) > "
+            f"{SCALE_UP_AT:.0%}; {wanted.label} serves {capacity[wanted.label]:.0f}/s",
+        )  # fmt: skip
+    lighter = next((p for p in by_latency if rate < SCALE_DOWN_BELOW * capacity[p.label]), None)
+    if (
+        lighter is not None
+        and lighter.lone_latency_ms < current.lone_latency_ms
+        and lighter.label != current.label
+    ):
+        return Decision(
+            lighter, True,
+            f"{note}: below {SCALE_DOWN_BELOW:.0%} of {lighter.label}'s capacity; a lone request takes "
+            f"{lighter.lone_latency_ms:.1f} ms there, {current.lone_latency_ms:.1f} ms now",
+        )  # fmt: skip
+    return Decision(current, False, f"{note}: {load:.0%} of {current.label}'s capacity; no change")
+
+
+def apply(
+    connection: Connection, base: ModelConfig, plan: Plan, model: str, generation: int, reason: str
+) -> dict[str, Any]:
+    """Load the plan's config into the running server (explicit model control): Triton loads the
+    new instances, then moves traffic; requests in flight and queued finish on the old ones."""
+    config = planned_config(base, plan)
+    config.name = model
+    config.parameters[GENERATION_PARAMETER].string_value = str(generation)
+    config.parameters[REASON_PARAMETER].string_value = f"{plan.label}: {reason}"
+    as_json = as_dict(config)
+    try:
+        connection.client.load_model(model, config=json.dumps(as_json))
+    except Exception as exc:
+        raise LiveError(
+            f"could not load the new config of {model} ({exc}); is the server in explicit model control "
+            "(tidepool serve --model-control explicit)?"
+        ) from None
+    return as_json
+
+
+def served_config(connection: Connection, model: str) -> dict[str, Any]:
+    try:
+        if connection.protocol == "http":
+            config: dict[str, Any] = connection.client.get_model_config(model)
+        else:
+            config = connection.client.get_model_config(model, as_json=True)["config"]
+    except Exception as exc:
+        raise LiveError(f"cannot read the config of {model}: {exc}") from None
+    return config
