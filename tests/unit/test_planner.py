@@ -193,6 +193,8 @@ def test_each_thread_split_is_a_candidate_with_instances_to_fill_the_cores():
     assert left_out == []
     by_threads = {p.torch_threads: p for p in ranked}
     assert by_threads[2].instance_count == 1 and by_threads[1].instance_count == 2
+    # An idle second instance runs a request at once: holding it for company only costs latency.
+    assert by_threads[1].max_queue_delay_us == 0 and by_threads[2].max_queue_delay_us > 0
     # Two 1-thread instances at 70% of the speed each: 1.4x the throughput of one 2-thread instance.
     assert ranked[0] is by_threads[1]
     assert by_threads[1].predicted_throughput == pytest.approx(1.4 * by_threads[2].predicted_throughput)

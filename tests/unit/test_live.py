@@ -1,0 +1,86 @@
+"""Re-planning from a live server's statistics: what a window saw, and when a change is worth a
+reload (two thresholds apart, so steady traffic never flaps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_planner import variant
+from tidepool.planning.live import Observation, decide, difference, served_label
+from tidepool.planning.planner import Budgets, candidates
+
+MiB = 2**20
+BUDGETS = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+
+
+def snapshot(inferences: int, executions: int, queue_ns: int, batches: dict[int, tuple[int, int]]) -> dict:
+    return {
+        "name": "encoder",
+        "version": "1",
+        "inference_count": inferences,
+        "execution_count": executions,
+        "inference_stats": {"success": {"count": inferences}, "queue": {"count": inferences, "ns": queue_ns}},
+        "batch_stats": [
+            {"batch_size": size, "compute_infer": {"count": count, "ns": ns}}
+            for size, (count, ns) in batches.items()
+        ],
+    }
+
+
+def test_a_window_is_the_difference_of_two_snapshots():
+    before = snapshot(100, 80, 10**9, {1: (60, 600 * 10**6), 2: (20, 400 * 10**6)})
+    after = snapshot(300, 160, 3 * 10**9, {1: (100, 1000 * 10**6), 2: (60, 1200 * 10**6)})
+    window = difference(before, after, window_s=10.0)
+    assert window.inferences == 200 and window.executions == 80 and window.rate == 20.0
+    assert window.batches == {1: (40, 10.0), 2: (40, 20.0)}  # executions, mean compute ms
+    assert window.queue_ms == pytest.approx(10.0) and window.avg_batch == 2.5
+
+
+def traffic(rate: float) -> Observation:
+    # Executions as fast as the profile says: the speed factor is 1.
+    return Observation("encoder", 10.0, int(rate * 10), int(rate * 10), 0, int(rate * 10), 1.0, 5.2, {})
+
+
+@pytest.fixture
+def profiles():
+    return [variant("encoder", 2), variant("encoder", 1, speed=0.7)]  # 1x2: low latency; 2x1: capacity
+
+
+def test_light_traffic_gets_the_lowest_latency_and_heavy_traffic_the_capacity(profiles):
+    ranked, _ = candidates(profiles, BUDGETS)
+    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
+    capacity = max(ranked, key=lambda p: p.predicted_throughput)
+    assert low_latency.torch_threads == 2 and capacity.torch_threads == 1
+    light = decide(low_latency.label, profiles, BUDGETS, traffic(20))
+    assert not light.change and "no change" in light.reason
+    heavy = decide(low_latency.label, profiles, BUDGETS, traffic(0.8 * low_latency.predicted_throughput))
+    assert heavy.change and heavy.plan.label == capacity.label and "> 75%" in heavy.reason
+    back = decide(capacity.label, profiles, BUDGETS, traffic(0.1 * low_latency.predicted_throughput))
+    assert back.change and back.plan.label == low_latency.label
+
+
+def test_steady_traffic_between_the_thresholds_never_flaps(profiles):
+    ranked, _ = candidates(profiles, BUDGETS)
+    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
+    capacity = max(ranked, key=lambda p: p.predicted_throughput)
+    steady = traffic(0.5 * low_latency.predicted_throughput)  # too much to go back, too little to go up
+    served = capacity.label
+    for _ in range(10):
+        decision = decide(served, profiles, BUDGETS, steady)
+        assert not decision.change, decision.reason
+    assert not decide(low_latency.label, profiles, BUDGETS, steady).change
+
+
+def test_a_config_not_planned_from_the_profiles_is_replaced():
+    decision = decide("1x2 fp32 b1 d50ms", [variant("encoder", 2)], BUDGETS, traffic(30))
+    assert decision.change and "is not a planned one" in decision.reason
+
+
+def test_the_served_config_is_named_as_plans_are():
+    config = {
+        "max_batch_size": 8,
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+        "dynamic_batching": {"max_queue_delay_microseconds": "500"},
+        "parameters": {"TORCH_NUM_THREADS": {"string_value": "1"}, "PRECISION": {"string_value": "bf16"}},
+    }
+    assert served_label(config) == "2x1 bf16 b8 d0.5ms"
