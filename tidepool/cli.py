@@ -116,27 +116,42 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _profile_settings(args: argparse.Namespace) -> dict[str, object]:
-    return dict(
-        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+def int_list(text: str) -> list[int]:
+    """An argparse type: '1,2,4' -> [1, 2, 4], each at least 1."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers of 1 or more, got {text!r}")
+    return values
+
+
+def _measure(
+    args: argparse.Namespace, model_dir: Path, precision: str, threads: int | None, trace: Path | None = None
+) -> Any:
+    """One profile of the model, as `tidepool profile` and `tidepool plan` take it."""
+    from tidepool.planning.profiler import profile_model
+
+    return profile_model(
+        model_dir,
+        args.batch_sizes,
         device=args.device,
+        precision=precision,
+        torch_threads=threads,
         max_latency_ms=args.max_latency_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+        trace_path=trace,
         progress=progress_printer,
     )
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from tidepool.planning.profiler import profile_model
     from tidepool.planning.report import format_report, write_report
 
     model_dir = Path(args.model_dir)
-    profile = profile_model(
-        model_dir,
-        precision=args.precision,
-        torch_threads=args.threads,
-        trace_path=Path(args.trace) if args.trace else None,
-        **_profile_settings(args),  # type: ignore[arg-type]
+    profile = _measure(
+        args, model_dir, args.precision, args.threads, Path(args.trace) if args.trace else None
     )
     print(file=sys.stderr)
     out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}.json")
@@ -173,16 +188,13 @@ def _plan(args: argparse.Namespace) -> int:
     if args.profile:
         profiles = [Profile.read(path) for path in args.profile]
     else:
-        from tidepool.planning.profiler import profile_model
-
-        threads = [int(t) for t in args.threads_to_try.split(",")] if args.threads_to_try else None
-        splits = threads or (thread_splits(budgets.cores) if args.device == "cpu" else [budgets.cores])
+        splits = args.threads_to_try or (
+            thread_splits(budgets.cores) if args.device == "cpu" else [budgets.cores]
+        )
         precisions = precisions_to_try(args.device, args.max_output_error)
         print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
         profiles = [
-            profile_model(model_dir, precision=precision, torch_threads=t, **_profile_settings(args))  # type: ignore[arg-type]
-            for t in splits
-            for precision in precisions
+            _measure(args, model_dir, precision, threads) for threads in splits for precision in precisions
         ]
         print(file=sys.stderr)
     if args.from_server:
@@ -203,8 +215,7 @@ def _plan(args: argparse.Namespace) -> int:
         from tidepool.planning.verify import verify, write_verification
 
         top = ranked[: args.verify_top]
-        levels = [int(level) for level in args.levels.split(",")]
-        verification = verify(model_dir, top, budgets, levels, args.window_s, progress=progress_printer)
+        verification = verify(model_dir, top, budgets, args.levels, args.window_s, progress=progress_printer)
         print(file=sys.stderr)
         print(verification.table())
         report_dir = Path(
@@ -269,7 +280,13 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
 
 
 def _add_profile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="default: %(default)s")
+    parser.add_argument(
+        "--batch-sizes",
+        type=int_list,
+        default=[1, 2, 4, 8, 16, 32],
+        metavar="B1,B2",
+        help="default: 1,2,...,32",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
     parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
@@ -421,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--threads-to-try",
+        type=int_list,
         metavar="T1,T2",
         help="torch threads per instance to profile (default: each split of the cores)",
     )
@@ -437,7 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--verify-top", type=int, default=3, help="candidates to verify (default: %(default)s)")
     plan.add_argument(
-        "--levels", default="1,2,4,8,16", help="closed-loop concurrency levels (default: %(default)s)"
+        "--levels",
+        type=int_list,
+        default=[1, 2, 4, 8, 16],
+        help="closed-loop concurrency levels (default: 1,...,16)",
     )
     plan.add_argument("--window-s", type=float, default=3.0, help="measurement window per level")
     plan.add_argument(
@@ -462,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--bounded-queue",
         action="store_true",
         help="also write the queue policy (max_queue_size, REJECT after the latency budget); "
-        "off by default, see README",
+        "off by default, see docs/planning.md",
     )
     _add_profile_options(plan)
     plan.set_defaults(run=_plan)
