@@ -5,8 +5,8 @@ real server in one run:
 2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
    Python backend (same model, same threads and instances, 2 ms delay) loaded together and
    measured level by level in turn, for --rounds rounds (the spread is printed);
-3. the grid: max_batch_size x delay x instances/threads, each loaded once (a config override),
-   measured at every level;
+3. the grid: max_batch_size (1, 2, 4, 8) x delay (0, 2 ms) x instances/threads, each loaded once
+   (a config override), measured at every level;
 4. per level: the planned throughput against the best grid point that meets the p99 budget, and
    against both baselines; planning time against the grid's.
 
@@ -33,19 +33,21 @@ from tidepool.planning.profiler import profile_model
 from tidepool.planning.verify import verify
 from tidepool.testing import MODEL_REPOSITORY
 
-GRID_BATCHES = (1, 2, 4, 8, 16)
-GRID_DELAYS_US = (0, 2000, 10000)
+GRID_BATCHES = (1, 2, 4, 8)
+GRID_DELAYS_US = (0, 2000)
 PLAIN_DELAY_US = 2000
 
 
-def sweep(server: TritonServer, model: str, levels: list[int], window_s: float) -> list[LevelResult]:
+def sweep(
+    server: TritonServer, model: str, levels: list[int], window_s: float, max_windows: int = 3
+) -> list[LevelResult]:
     settings = SweepSettings(
         model,
         url=server.config.grpc_url,
         concurrency=tuple(levels),
         window_s=window_s,
         warmup_s=1.0,
-        max_windows=3,
+        max_windows=max_windows,
     )
     return Sweep(settings).run()
 
@@ -112,6 +114,34 @@ def grid_configs(planned_dir: Path, cores: int):
                 yield f"{cores // threads}x{threads} b{batch} d{delay / 1000:g}ms", config
 
 
+def best_meeting(grid: dict[str, list[LevelResult]], index: int, budget: float) -> str | None:
+    meeting = [(label, results[index]) for label, results in grid.items()]
+    meeting = [(label, r) for label, r in meeting if r.errors == 0 and r.p99_ms <= budget]
+    return max(meeting, key=lambda item: item[1].throughput)[0] if meeting else None
+
+
+def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned_name):
+    """level -> (planned throughputs, best grid point's throughputs), measured in turn, --rounds rounds."""
+    labels = {level: best_meeting(grid, i, args.latency_budget_ms) for i, level in enumerate(levels)}
+    names = {label: f"best{i}" for i, label in enumerate(sorted({x for x in labels.values() if x}))}
+    http.client.load_model(planned_name)
+    for label, name in names.items():
+        config = dict(configs[label], name=name)
+        shutil.copytree(planned_dir, planned_dir.parent / name, ignore=shutil.ignore_patterns("__pycache__"))
+        http.client.load_model(name, config=json.dumps(config))
+    confirmed = {}
+    for level, label in labels.items():
+        if label is None:
+            continue
+        ours, best = [], []
+        for _ in range(args.rounds):
+            ours.append(sweep(server, planned_name, [level], args.window_s)[0].throughput)
+            best.append(sweep(server, names[label], [level], args.window_s)[0].throughput)
+        confirmed[level] = (ours, best)
+        print(f"  confirmed c={level}: planned {ours}, best grid {label} {best}", flush=True)
+    return confirmed
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -174,11 +204,15 @@ def main() -> None:
             if not args.no_grid:
                 for label, config in grid_configs(planned_dir, budgets.cores):
                     http.client.load_model("grid", config=json.dumps(config))
-                    grid[label] = sweep(server, "grid", levels, args.window_s)
+                    grid[label] = sweep(server, "grid", levels, args.window_s, max_windows=2)
                     figures = ", ".join(f"c={r.level:g} {r.throughput:.0f}/s" for r in grid[label])
                     print(f"  grid {label}: {figures}", flush=True)
                 http.client.unload_model("grid")
             grid_s = time.perf_counter() - grid_began
+            # The best of many noisy measurements is biased high: the best grid point of each level
+            # is measured again, in turn with the planned config, as many rounds as the baselines.
+            confirmed = confirm_best(server, http, planned_dir, args, levels, grid, dict(grid_configs(
+                planned_dir, budgets.cores)), args.model) if grid else {}  # fmt: skip
 
     budget = args.latency_budget_ms
     print(f"\n{args.model}: planned {chosen.label}; latency budget {budget} ms; "
@@ -190,11 +224,14 @@ def main() -> None:
         ours = [r.throughput for r in side_by_side[args.model][level]]
         dyn = [r.throughput for r in side_by_side[dynb][level]]
         pln = [r.throughput for r in side_by_side[plain][level]]
-        meeting = [(label, results[levels.index(level)]) for label, results in grid.items()]
-        meeting = [(label, r) for label, r in meeting if r.errors == 0 and r.p99_ms <= budget]
-        best_label, best = max(meeting, key=lambda item: item[1].throughput) if meeting else ("-", None)
+        found = best_meeting(grid, levels.index(level), budget)
+        best_label, best = (found, grid[found][levels.index(level)]) if found else ("-", None)
         best_text = f"{best.throughput:.1f} {best_label}" if best else "-"
         ratio = f"{statistics.median(ours) / best.throughput:.3f}" if best else "-"
+        if level in confirmed:
+            again_ours, again_best = confirmed[level]
+            ratio = f"{statistics.median(again_ours) / statistics.median(again_best):.3f}"
+            best_text = f"{spread(again_best)} {best_label}"
         print(f"{level:>4}{spread(ours):>22}{spread(dyn):>22}{spread(pln):>22}{best_text:>36}{ratio:>14}"
               f"{statistics.median(ours) / statistics.median(dyn):>14.3f}"
               f"{statistics.median(ours) / statistics.median(pln):>15.3f}")  # fmt: skip
