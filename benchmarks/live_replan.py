@@ -31,7 +31,7 @@ from tidepool.planning.planner import Budgets, candidates, thread_splits, write_
 from tidepool.planning.profiler import profile_model
 from tidepool.testing import MODEL_REPOSITORY
 
-STEPS = "1,2,4,8,16,32"
+STEPS = "1,2,4,8,16,32"  # the default: light to heavy
 
 
 def poor_config(model_dir: Path) -> None:
@@ -93,9 +93,12 @@ def main() -> None:
     parser.add_argument("--latency-budget-ms", type=float, default=100.0)
     parser.add_argument("--step-seconds", type=float, default=30.0)
     parser.add_argument("--window", type=float, default=8.0)
+    parser.add_argument(
+        "--steps", default=STEPS, help="users at each step, e.g. 1,1,16,16,1,1 (light, heavy, light)"
+    )
     args = parser.parse_args()
     budgets = Budgets(memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms)
-    levels = [int(u) for u in STEPS.split(",")]
+    levels = [int(u) for u in args.steps.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         profiles = []
@@ -113,7 +116,7 @@ def main() -> None:
                 MODEL_REPOSITORY / args.model, model_dir, ignore=shutil.ignore_patterns("__pycache__")
             )
             watch = None
-            steps = STEPS
+            steps = args.steps
             if run == "static":
                 ranked, _ = candidates(profiles, budgets)
                 write_plan(model_dir, budgets, ranked[0])
@@ -141,7 +144,7 @@ def main() -> None:
                     print(f"    {line}", flush=True)
 
     print(
-        f"\n{args.model}: Locust step load {STEPS} users, {args.step_seconds:.0f} s a step; "
+        f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; "
         "at each step's end"
     )
     print(f"{'users':>6}{'static req/s':>14}{'static p99':>12}{'watch req/s':>13}{'watch p99':>11}"

@@ -25,7 +25,7 @@ SCALE_UP_AT = 0.75
 # ...to one with more spare capacity, whose capacity is at least traffic / this share...
 TARGET_LOAD = 0.5
 # ...and back to a lower-latency one only when traffic is below this share of its capacity.
-SCALE_DOWN_BELOW = 0.3
+SCALE_DOWN_BELOW = 0.4
 GENERATION_PARAMETER = "TIDEPOOL_PLAN_GENERATION"
 REASON_PARAMETER = "TIDEPOOL_PLAN_REASON"
 
