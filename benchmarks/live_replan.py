@@ -120,6 +120,12 @@ def main() -> None:
             if run == "static":
                 ranked, _ = candidates(profiles, budgets)
                 write_plan(model_dir, budgets, ranked[0])
+                print(
+                    f"static plan: {ranked[0].label} (candidates: "
+                    + ", ".join(f"{p.label} {p.predicted_throughput:.0f}/s" for p in ranked)
+                    + ")",
+                    flush=True,
+                )
             else:
                 poor_config(model_dir)
                 profile_args = [
