@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_planner import variant
-from tidepool.planning.live import Observation, decide, difference, served_label
+from tidepool.planning.live import (
+    Observation,
+    decide,
+    difference,
+    served_capacity,
+    served_label,
+    serving_overhead_ms,
+)
 from tidepool.planning.planner import Budgets, candidates
 
 MiB = 2**20
@@ -84,3 +91,23 @@ def test_the_served_config_is_named_as_plans_are():
         "parameters": {"TORCH_NUM_THREADS": {"string_value": "1"}, "PRECISION": {"string_value": "bf16"}},
     }
     assert served_label(config) == "2x1 bf16 b8 d0.5ms"
+
+
+def test_serving_overhead_overlaps_across_instances_so_it_can_favour_more_of_them():
+    # In-process, two 1-thread instances at half the speed serve what one 2-thread instance does...
+    loose = Budgets(memory_bytes=1024 * MiB, latency_ms=1000, cores=2)
+    profiles = [variant("encoder", 2), variant("encoder", 1, speed=0.5)]
+    ranked, _ = candidates(profiles, loose)
+    one = next(p for p in ranked if p.torch_threads == 2)
+    two = next(p for p in ranked if p.torch_threads == 1)
+    assert served_capacity(two, 0.0) == pytest.approx(served_capacity(one, 0.0))
+    # ...but each execution taking 20 ms more when served (as the statistics show) is overlapped by
+    # the second instance: near the served config's capacity, the watcher moves to two.
+    point = one.profile.point(16)
+    busy = Observation(
+        "encoder", 10.0, 1800, 1800, 0, 100, 1.0, 0.0, {16: (100, point.latency_p50_ms + 20.0)}
+    )
+    assert serving_overhead_ms(busy, one.profile) == pytest.approx(20.0)
+    assert served_capacity(two, 20.0) > served_capacity(one, 20.0)
+    decision = decide(one.label, profiles, loose, busy)
+    assert decision.change and decision.plan.torch_threads == 1, decision.reason

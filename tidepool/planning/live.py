@@ -1,6 +1,7 @@
 """`tidepool plan --from-server`: what a live server saw over a window (arrival rate, the batches it
 formed, queue and compute time per batch size, failures), a re-plan for that traffic from the
-model's profiles, and applying it through Triton's repository API without failing a request.
+model's profiles and the serving overhead observed, and applying it through Triton's repository
+API without failing a request.
 
 The rule: serve with the lowest lone-request latency that still has capacity to spare for the
 traffic observed; switch to more capacity when the traffic nears what the config serves, and back
@@ -119,16 +120,27 @@ def observe(
     return difference(before, _stats(connection, model), time.monotonic() - began)
 
 
-def speed_factor(observation: Observation, profile: Profile) -> float:
-    """How much slower (> 1) the served model computes than its profile said, from the batch sizes
-    the server ran (execution-weighted); 1.0 when nothing comparable was observed."""
+def serving_overhead_ms(observation: Observation, profile: Profile) -> float:
+    """What serving adds to each execution over the profile's in-process p50 (the stub's IPC,
+    validation, a load generator on the same cores), from the batch sizes the server ran,
+    execution-weighted; 0 when nothing comparable was observed. It is added per execution, not
+    scaled: it overlaps across instances, which is why two 1-thread instances can serve more than
+    one 2-thread instance whose forward pass alone is as fast."""
     weighted, weights = 0.0, 0
     for size, (count, ms) in observation.batches.items():
         point = profile.point(size)
-        if point is not None and point.latency_p50_ms > 0:
-            weighted += count * ms / point.latency_p50_ms
+        if point is not None:
+            weighted += count * (ms - point.latency_p50_ms)
             weights += count
-    return weighted / weights if weights else 1.0
+    return max(0.0, weighted / weights) if weights else 0.0
+
+
+def served_capacity(plan: Plan, overhead_ms: float) -> float:
+    """Samples/s with every instance busy at its best profiled batch, each execution overhead_ms longer."""
+    assert plan.profile is not None
+    fitting = [p for p in plan.profile.points if p.batch <= plan.max_batch_size]
+    per_instance = max(p.batch * 1000 / (p.latency_p50_ms + overhead_ms) for p in fitting)
+    return plan.instance_count * per_instance
 
 
 @dataclass
@@ -157,13 +169,13 @@ def decide(
     current = next((p for p in ranked if p.label == current_label), None)
     served_profile = current.profile if current is not None and current.profile else ranked[0].profile
     assert served_profile is not None
-    slow = max(1.0, speed_factor(observation, served_profile))
-    capacity = {p.label: p.predicted_throughput / slow for p in ranked}
+    overhead = serving_overhead_ms(observation, served_profile)
+    capacity = {p.label: served_capacity(p, overhead) for p in ranked}
     rate = observation.rate
     by_latency = sorted(ranked, key=lambda p: p.lone_latency_ms)
     roomy = [p for p in by_latency if rate <= TARGET_LOAD * capacity[p.label]]
     wanted = roomy[0] if roomy else max(ranked, key=lambda p: capacity[p.label])
-    note = f"traffic {rate:.1f} samples/s; served {slow:.2f}x slower than profiled"
+    note = f"traffic {rate:.1f} samples/s; serving adds {overhead:.1f} ms an execution to the profile"
     if current is None:
         return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
     load = rate / capacity[current.label] if capacity[current.label] else float("inf")
