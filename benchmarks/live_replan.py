@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from tidepool.clients.locust_run import LoadSettings, run_load
 from tidepool.clients.metrics import scrape, value
-from tidepool.configfile import read_config, write_config
+from tidepool.configfile import copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
@@ -112,9 +111,7 @@ def main() -> None:
         for run in ("static", "watch", "steady"):
             repository = root / run
             model_dir = repository / args.model
-            shutil.copytree(
-                MODEL_REPOSITORY / args.model, model_dir, ignore=shutil.ignore_patterns("__pycache__")
-            )
+            copy_model(MODEL_REPOSITORY / args.model, model_dir)
             watch = None
             steps = args.steps
             if run == "static":

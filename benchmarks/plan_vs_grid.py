@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
-from tidepool.configfile import as_dict, read_config, write_config
+from tidepool.configfile import as_dict, copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
@@ -73,13 +73,10 @@ def plan_model(model_dir: Path, budgets: Budgets, precisions: list[str], levels:
 def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
     """`dynb`: the planned config with `dynamic_batching {}`; `plain`: Triton's Python backend."""
     planned = read_config(planned_dir / "config.pbtxt")
-    dynb = repository / "dynb"
-    shutil.copytree(planned_dir, dynb, ignore=shutil.ignore_patterns("__pycache__"))
     config = read_config(planned_dir / "config.pbtxt")
-    config.name = "dynb"
     config.dynamic_batching.Clear()
     config.dynamic_batching.SetInParent()
-    write_config(dynb / "config.pbtxt", config)
+    copy_model(planned_dir, repository / "dynb", config)
 
     plain = repository / "plain"
     (plain / "1").mkdir(parents=True)
@@ -127,7 +124,7 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
     http.client.load_model(planned_name)
     for label, name in names.items():
         config = dict(configs[label], name=name)
-        shutil.copytree(planned_dir, planned_dir.parent / name, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_model(planned_dir, planned_dir.parent / name)
         http.client.load_model(name, config=json.dumps(config))
     confirmed = {}
     for level, label in labels.items():
@@ -166,17 +163,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         planned_dir = repository / args.model
-        shutil.copytree(
-            MODEL_REPOSITORY / args.model, planned_dir, ignore=shutil.ignore_patterns("__pycache__")
-        )
+        copy_model(MODEL_REPOSITORY / args.model, planned_dir)
         chosen, planning_s = plan_model(planned_dir, budgets, precisions, levels, args.window_s)
         print(f"planned {chosen.label} in {planning_s:.0f} s", flush=True)
         dynb, plain = baseline_dirs(repository, planned_dir)
-        grid_dir = repository / "grid"
-        shutil.copytree(planned_dir, grid_dir, ignore=shutil.ignore_patterns("__pycache__"))
-        config = read_config(grid_dir / "config.pbtxt")
-        config.name = "grid"
-        write_config(grid_dir / "config.pbtxt", config)
+        copy_model(planned_dir, repository / "grid")
 
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
         with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tidepool.errors import TidepoolError
-from tidepool.spec import parse_bytes
+from tidepool.spec import parse_bytes, positive_ints
 
 
 def progress_printer(text: str) -> None:
@@ -119,12 +119,9 @@ def _load(args: argparse.Namespace) -> int:
 def int_list(text: str) -> list[int]:
     """An argparse type: '1,2,4' -> [1, 2, 4], each at least 1."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers of 1 or more, got {text!r}")
-    return values
+        return positive_ints(text, "a list", example="1,2,4")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _measure(

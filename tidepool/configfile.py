@@ -4,6 +4,7 @@ header, parsed back and compared before it replaces the old file."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
 
 from tidepool.errors import TidepoolError
 
-__all__ = ["ModelConfig", "ModelQueuePolicy", "read_config", "read_config_dict", "write_config"]
+__all__ = ["ModelConfig", "ModelQueuePolicy", "copy_model", "read_config", "read_config_dict", "write_config"]
 
 
 class ConfigFileError(TidepoolError):
@@ -58,6 +59,17 @@ def write_config(path: Path | str, config: ModelConfig, header: Sequence[str] = 
     temporary.write_text(text)
     temporary.replace(path)
     return path
+
+
+def copy_model(source: Path, target: Path, config: ModelConfig | None = None) -> Path:
+    """A copy of the model directory `source` at `target` (caches left out) whose config, `config`
+    or the source's own, is named after `target`."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.tmp"))
+    named = ModelConfig()
+    named.CopyFrom(config if config is not None else read_config(source / "config.pbtxt"))
+    named.name = target.name
+    write_config(target / "config.pbtxt", named)
+    return target
 
 
 def with_parameters(config: ModelConfig, **parameters: str) -> ModelConfig:

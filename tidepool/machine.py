@@ -22,6 +22,20 @@ def describe_cpu(cores: int | None = None) -> str:
     return f"{cores or os.cpu_count() or 1} cores, {cpu_model()}"
 
 
+# The line of a config's comment header that says where it was planned.
+PLANNED_ON = "Planned on: "
+
+
+def planned_on_line(machine: str) -> str:
+    return f"{PLANNED_ON}{machine}."
+
+
+def planned_on(header_line: str) -> str | None:
+    """The machine a config's header line names (as describe_machine wrote it), or None."""
+    text = header_line.removeprefix("#").strip()
+    return text.removeprefix(PLANNED_ON).rstrip(".") if text.startswith(PLANNED_ON) else None
+
+
 def describe_machine(device: str, gpu_name: str | None = None) -> str:
     """'cpu: 2 cores, <model>' or 'cuda: <GPU name>'."""
     if device.startswith("cuda"):

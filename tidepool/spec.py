@@ -141,6 +141,17 @@ class ModelSpec:
 _BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
+def positive_ints(text: str, where: str, example: str = "1,8,32") -> list[int]:
+    """'1,8,32' -> [1, 8, 32]; a ConfigError that names `where` unless each is a number of 1 or more."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{where}: expected e.g. '{example}', got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{where}: sizes must be 1 or more, got {text!r}")
+    return values
+
+
 def parse_bytes(text: str, where: str) -> int:
     """'512MiB', '2GiB', '1.5GB' or a plain number of bytes."""
     cleaned = text.strip().upper().replace(" ", "")

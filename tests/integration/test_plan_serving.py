@@ -3,12 +3,10 @@ edits a person or a tool like Model Analyzer makes (max_batch_size, instance cou
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 
 from tidepool.clients.connection import Connection
-from tidepool.configfile import read_config, write_config
+from tidepool.configfile import copy_model, read_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, plan, write_plan
 from tidepool.planning.profiler import profile_model
@@ -23,23 +21,20 @@ EDITS = {
 
 
 def edited_copy(model_dir, repository, name: str, max_batch_size=None, instances=None, delay_us=None) -> None:
-    target = repository / name
-    shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("__pycache__"))
     config = read_config(model_dir / "config.pbtxt")
-    config.name = name
     if max_batch_size is not None:
         config.max_batch_size = max_batch_size
     if instances is not None:
         config.instance_group[0].count = instances
     if delay_us is not None:
         config.dynamic_batching.max_queue_delay_microseconds = delay_us
-    write_config(target / "config.pbtxt", config)
+    copy_model(model_dir, repository / name, config)
 
 
 def test_a_planned_config_serves_as_written_and_after_model_analyzer_style_edits(tmp_path):
     repository = tmp_path / "repository"
     model_dir = repository / "encoder"
-    shutil.copytree(MODEL_REPOSITORY / "encoder", model_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_model(MODEL_REPOSITORY / "encoder", model_dir)
     profile = profile_model(model_dir, (1, 2, 4), max_seconds_per_point=0.5, min_iterations=3)
     assert [p.batch for p in profile.points] == [1, 2, 4]
     assert all(abs(p.fit_error) <= 0.10 for p in profile.points)

@@ -17,6 +17,7 @@ from tidepool.clients.aio_workers import Outcome, Worker
 from tidepool.clients.connection import Connection
 from tidepool.errors import TidepoolError
 from tidepool.inputs import load_inputs, random_inputs
+from tidepool.spec import positive_ints
 
 
 class SweepError(TidepoolError):
@@ -25,22 +26,22 @@ class SweepError(TidepoolError):
 
 def parse_levels(text: str) -> list[int]:
     """'1:32:x2' -> 1, 2, 4, ..., 32; '1:8:+2' -> 1, 3, 5, 7; '1,4,8' -> as given."""
+    if ":" not in text:
+        try:
+            return positive_ints(text, "levels", example="1,4,8")
+        except TidepoolError as exc:
+            raise SweepError(str(exc)) from None
     try:
-        if ":" not in text:
-            levels = [int(part) for part in text.split(",") if part.strip()]
-        else:
-            start, stop, step = (text.split(":") + ["x2"])[:3]
-            value, stop_value, levels = int(start), int(stop), []
-            grow = (
-                (lambda v: v * int(step[1:]))
-                if step.startswith("x")
-                else (lambda v: v + int(step.lstrip("+")))
-            )
-            while value <= stop_value:
-                levels.append(value)
-                if grow(value) <= value:
-                    raise ValueError
-                value = grow(value)
+        start, stop, step = (text.split(":") + ["x2"])[:3]
+        value, stop_value, levels = int(start), int(stop), []
+        grow = (
+            (lambda v: v * int(step[1:])) if step.startswith("x") else (lambda v: v + int(step.lstrip("+")))
+        )
+        while value <= stop_value:
+            levels.append(value)
+            if grow(value) <= value:
+                raise ValueError
+            value = grow(value)
     except ValueError:
         raise SweepError(
             f"levels: expected START:STOP:xFACTOR, START:STOP:+STEP or a list, got {text!r}"

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from tidepool.launcher.server import Cancelled, ServerConfig, TritonServer
-from tidepool.machine import describe_cpu
+from tidepool.machine import describe_cpu, planned_on
 
 POLL_S = 0.2  # how soon a stop request is noticed
 STUB_CHECK_S = 1.0  # how often the stubs are counted
@@ -73,24 +73,20 @@ def serve(config: ServerConfig, say: Callable[[str], None] = _say) -> int:
             signal.signal(sig, handler)
 
 
-PLANNED_ON = "# Planned on: cpu: "  # the header line `tidepool plan` writes for a CPU profile
-
-
 def planned_elsewhere(repository: Path) -> list[str]:
     """A line for each model whose config was planned on a CPU other than this one: its batcher
     settings were measured there, and light traffic in particular suffers when they do not fit."""
     here = describe_cpu()
     warnings = []
     for config in sorted(repository.glob("*/config.pbtxt")):
-        for line in config.read_text().splitlines():
-            if line.startswith(PLANNED_ON):
-                there = line.removeprefix(PLANNED_ON).rstrip(".")
-                if there != here:
-                    warnings.append(
-                        f"tidepool: NOTE: {config.parent.name}'s config was planned on {there}; "
-                        f"this machine has {here}. Re-plan it here: tidepool plan {config.parent} "
-                        "--memory-budget ... --latency-budget-ms ... --write (for the examples: make configs)"
-                    )
+        machines = [planned_on(line) for line in config.read_text().splitlines() if line.startswith("#")]
+        there = next((m.removeprefix("cpu: ") for m in machines if m and m.startswith("cpu: ")), None)
+        if there is not None and there != here:
+            warnings.append(
+                f"tidepool: NOTE: {config.parent.name}'s config was planned on {there}; "
+                f"this machine has {here}. Re-plan it here: tidepool plan {config.parent} "
+                "--memory-budget ... --latency-budget-ms ... --write (for the examples: make configs)"
+            )
     return warnings
 
 

@@ -215,19 +215,18 @@ class TritonServer:
         return [model for model, expected in self.stub_baseline.items() if counts.get(model, 0) < expected]
 
     def _say_log(self, line: str) -> None:
+        """Keep a line in the log tail and echo it, while whoever reads the echo is there."""
         self.log_tail.append(line)
         if self.echo:
-            self.echo(line)
+            try:
+                self.echo(line)
+            except (OSError, ValueError):  # our stderr is gone; keep draining the server's output
+                self.echo = None
 
     def _read_log(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
-            self.log_tail.append(line.rstrip("\n"))
-            if self.echo:
-                try:
-                    self.echo(line.rstrip("\n"))
-                except (OSError, ValueError):  # our stderr is gone; keep draining the server's output
-                    self.echo = None
+            self._say_log(line.rstrip("\n"))
 
     def is_ready(self) -> bool:
         try:

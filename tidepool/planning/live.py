@@ -18,7 +18,7 @@ from typing import Any
 from tidepool.clients.connection import Connection
 from tidepool.configfile import ModelConfig, as_dict
 from tidepool.errors import TidepoolError
-from tidepool.planning.planner import Budgets, Plan, candidates, planned_config
+from tidepool.planning.planner import Budgets, Plan, candidates, capacity, config_label, planned_config
 from tidepool.planning.profile import Profile
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...
@@ -136,11 +136,9 @@ def serving_overhead_ms(observation: Observation, profile: Profile) -> float:
 
 
 def served_capacity(plan: Plan, overhead_ms: float) -> float:
-    """Samples/s with every instance busy at its best profiled batch, each execution overhead_ms longer."""
+    """The plan's capacity with each execution `overhead_ms` longer, as serving makes it."""
     assert plan.profile is not None
-    fitting = [p for p in plan.profile.points if p.batch <= plan.max_batch_size]
-    per_instance = max(p.batch * 1000 / (p.latency_p50_ms + overhead_ms) for p in fitting)
-    return plan.instance_count * per_instance
+    return capacity(plan.profile, plan.max_batch_size, plan.instance_count, overhead_ms)
 
 
 @dataclass
@@ -155,10 +153,8 @@ def served_label(config: dict[str, Any]) -> str:
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
     delay = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
-    return (
-        f"{instances}x{parameters.get('TORCH_NUM_THREADS', '?')} {parameters.get('PRECISION', 'fp32')} "
-        f"b{config.get('max_batch_size', 0)} d{delay / 1000:g}ms"
-    )
+    threads, precision = parameters.get("TORCH_NUM_THREADS", "?"), parameters.get("PRECISION", "fp32")
+    return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay)
 
 
 def decide(

@@ -6,7 +6,6 @@ levels, then has the best throughput relative to the best seen at each level."""
 from __future__ import annotations
 
 import csv
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import Sweep, SweepSettings
-from tidepool.configfile import read_config, write_config
+from tidepool.configfile import copy_model, read_config
 from tidepool.errors import TidepoolError
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, Plan, planned_config
@@ -113,12 +112,7 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="tidepool-verify-") as tmp:
         repository = Path(tmp)
         for name, candidate in zip(names, candidates, strict=True):
-            shutil.copytree(
-                model_dir, repository / name, ignore=shutil.ignore_patterns("__pycache__", "*.tmp")
-            )
-            config = planned_config(base, candidate)
-            config.name = name
-            write_config(repository / name / "config.pbtxt", config)
+            copy_model(model_dir, repository / name, planned_config(base, candidate))
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
         figures: list[LevelFigures] = []
         with TritonServer(server_config), Connection.open("http", server_config.http_url) as connection:

@@ -18,7 +18,7 @@ DEFAULT_ARENA_BYTES = 64 * 2**20
 
 def next_power_of_two(nbytes: int) -> int:
     """The smallest power of two >= nbytes (1 for 0 and 1)."""
-    return 1 << max(nbytes - 1, 0).bit_length()
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else 1  # no max(): allocate calls this
 
 
 def size_class(nbytes: int) -> int:
@@ -42,8 +42,14 @@ class Arena:
 
 
 class Location(NamedTuple):
-    """Where a block lives: its arena, its offset in it, and the slab it was cut from (if any)."""
+    """Where a block lives: its arena, its offset in it, the slab it was cut from (if any), and its
+    address (kept here, so that handing out a recycled location computes nothing)."""
 
     arena: Arena
     offset: int
     slab: Slab | None
+    ptr: int
+
+    @classmethod
+    def at(cls, arena: Arena, offset: int, slab: Slab | None = None) -> Location:
+        return cls(arena, offset, slab, arena.base + offset)

@@ -55,7 +55,7 @@ class Block:
     def __init__(
         self, owner: BlockOwner, location: Location, nbytes: int, capacity: int, stream: Any
     ) -> None:
-        self.ptr: int = location.arena.base + location.offset
+        self.ptr: int = location.ptr
         self.nbytes = nbytes
         self.capacity = capacity  # >= nbytes, aligned to at least 256 bytes
         self.stream = stream

@@ -238,7 +238,7 @@ class MemoryPool:
         for arena in self._arenas:
             offset = None if arena.small else arena.buddy.allocate(capacity)
             if offset is not None:
-                return Location(arena, offset, None)
+                return Location.at(arena, offset)
         return None
 
     def _take_from_slab(self, capacity: int) -> Location | None:
@@ -253,7 +253,7 @@ class MemoryPool:
                     break
             else:
                 return None
-        return Location(slab.arena, slab.free_slots.pop(), slab)
+        return Location.at(slab.arena, slab.free_slots.pop(), slab)
 
     def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> Location:
         """Reserve a new arena (trimming empty ones first if that is what it takes)."""
@@ -309,7 +309,7 @@ class MemoryPool:
             locs = self._free.pop(key)
             if self._per_stream and locs:
                 self.resource.synchronize(key[0])
-            for arena, offset, slab in locs:
+            for arena, offset, slab, _ in locs:
                 if slab is None:
                     arena.buddy.release(offset)
                 else:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidepool.spec import ConfigError, ModelSpec
+from tidepool.spec import ConfigError, ModelSpec, positive_ints
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -64,14 +64,7 @@ def warmup_batch_sizes(model: ModelSpec) -> tuple[tuple[int, ...], list[str]]:
     text = model.param("POOL_WARMUP_BATCH_SIZES")
     if not text:
         return tuple(sorted({1, model.max_batch_size})), []
-    try:
-        asked = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"parameter POOL_WARMUP_BATCH_SIZES: expected e.g. '1,8,32', got {text!r}"
-        ) from None
-    if not asked or min(asked) < 1:
-        raise ConfigError(f"parameter POOL_WARMUP_BATCH_SIZES: sizes must be 1 or more, got {text!r}")
+    asked = positive_ints(text, "parameter POOL_WARMUP_BATCH_SIZES")
     sizes = tuple(sorted({min(size, model.max_batch_size) for size in asked}))
     notes = []
     if max(asked) > model.max_batch_size:

@@ -4,10 +4,9 @@ parameters. They need a checkout of the repository, not just the installed packa
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from tidepool.configfile import read_config, with_parameters, write_config
+from tidepool.configfile import copy_model, read_config, with_parameters
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
@@ -27,12 +26,9 @@ def linked_repository(root: Path, *sources: Path) -> Path:
 
 def model_variant(source: Path, target_root: Path, name: str, **parameters: str) -> Path:
     """A copy of the model at `source` named `name`, with backend parameters overridden."""
-    target = target_root / name
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    config = with_parameters(read_config(source / "config.pbtxt"), **parameters)
-    config.name = name
-    write_config(target / "config.pbtxt", config)
-    return target
+    return copy_model(
+        source, target_root / name, with_parameters(read_config(source / "config.pbtxt"), **parameters)
+    )
 
 
 def cuda_available() -> bool:
