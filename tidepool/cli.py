@@ -177,6 +177,7 @@ def _plan(args: argparse.Namespace) -> int:
         cores=args.cores or os.cpu_count() or 1,
         bounded_queue=args.bounded_queue,
         max_output_error=args.max_output_error,
+        elastic_threads=not args.fixed_threads,
     )
     began = time.perf_counter()
     if args.from_server and not args.profile:
@@ -253,7 +254,7 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
             generation = int(
                 served.get("parameters", {}).get(GENERATION_PARAMETER, {}).get("string_value", 0) or 0
             )
-            label = served_label(served)
+            label = served_label(served, budgets.cores)
             observation = observe(connection, model, args.window)
             decision = decide(label, profiles, budgets, observation)
             stamp = time.strftime("%H:%M:%S")
@@ -481,6 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write the queue policy (max_queue_size, REJECT after the latency budget); "
         "off by default, see docs/planning.md",
+    )
+    plan.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="plan only fixed torch threads per instance, not elastic ones (see docs/planning.md)",
     )
     _add_profile_options(plan)
     plan.set_defaults(run=_plan)

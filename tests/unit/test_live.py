@@ -17,7 +17,8 @@ from tidepool.planning.live import (
 from tidepool.planning.planner import Budgets, candidates
 
 MiB = 2**20
-BUDGETS = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+# Fixed threads: the watcher's choices between a low-latency and a high-capacity config.
+BUDGETS = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=False)
 
 
 def snapshot(inferences: int, executions: int, queue_ns: int, batches: dict[int, tuple[int, int]]) -> dict:
@@ -90,12 +91,26 @@ def test_the_served_config_is_named_as_plans_are():
         "dynamic_batching": {"max_queue_delay_microseconds": "500"},
         "parameters": {"TORCH_NUM_THREADS": {"string_value": "1"}, "PRECISION": {"string_value": "bf16"}},
     }
-    assert served_label(config) == "2x1 bf16 b8 d0.5ms"
+    assert served_label(config, cores=2) == "2x1 bf16 b8 d0.5ms"
+    config["parameters"]["TORCH_NUM_THREADS"]["string_value"] = "2"  # more than 2 cores: elastic
+    assert served_label(config, cores=2) == "2x1-2 bf16 b8 d0.5ms"
+    config["parameters"]["ELASTIC_THREADS"] = {"string_value": "false"}
+    assert served_label(config, cores=2) == "2x2 bf16 b8 d0.5ms"
+
+
+def test_with_elastic_threads_one_config_serves_light_and_heavy_traffic(profiles):
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    ranked, _ = candidates(profiles, budgets)
+    elastic = ranked[0]
+    assert elastic.label.startswith("2x1-2 ")
+    for rate in (1.0, 0.5 * elastic.predicted_throughput, 0.8 * elastic.predicted_throughput):
+        decision = decide(elastic.label, profiles, budgets, traffic(rate))
+        assert not decision.change, decision.reason
 
 
 def test_serving_overhead_overlaps_across_instances_so_it_can_favour_more_of_them():
     # In-process, two 1-thread instances at half the speed serve what one 2-thread instance does...
-    loose = Budgets(memory_bytes=1024 * MiB, latency_ms=1000, cores=2)
+    loose = Budgets(memory_bytes=1024 * MiB, latency_ms=1000, cores=2, elastic_threads=False)
     profiles = [variant("encoder", 2), variant("encoder", 1, speed=0.5)]
     ranked, _ = candidates(profiles, loose)
     one = next(p for p in ranked if p.torch_threads == 2)

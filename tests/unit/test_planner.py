@@ -187,7 +187,7 @@ def test_no_request_waits_for_company():
 
 def test_each_thread_split_is_a_candidate_with_instances_to_fill_the_cores():
     two_threads, one_thread = variant("encoder", 2), variant("encoder", 1, speed=0.7)
-    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=False)
     ranked, left_out = candidates([two_threads, one_thread], budgets)
     assert left_out == []
     by_threads = {p.torch_threads: p for p in ranked}
@@ -195,6 +195,24 @@ def test_each_thread_split_is_a_candidate_with_instances_to_fill_the_cores():
     # Two 1-thread instances at 70% of the speed each: 1.4x the throughput of one 2-thread instance.
     assert ranked[0] is by_threads[1]
     assert by_threads[1].predicted_throughput == pytest.approx(1.4 * by_threads[2].predicted_throughput)
+
+
+def test_elastic_threads_join_the_lone_latency_of_one_split_to_the_throughput_of_another():
+    two_threads, one_thread = variant("encoder", 2), variant("encoder", 1, speed=0.7)
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    ranked, _ = candidates([two_threads, one_thread], budgets)
+    labels = [p.label.split()[0] for p in ranked]
+    assert labels == ["2x1-2", "2x1", "1x2"]  # the elastic plan ties on throughput, wins on latency
+    elastic, fixed_split, whole = ranked
+    assert elastic.predicted_throughput == fixed_split.predicted_throughput
+    assert elastic.lone_latency_ms == whole.lone_latency_ms < fixed_split.lone_latency_ms
+    assert "elastic: up to 2" in elastic.reasons["torch_threads"]
+    existing = read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt")
+    config = planned_config(existing, elastic)
+    assert config.instance_group[0].count == 2
+    assert config.parameters["TORCH_NUM_THREADS"].string_value == "2"
+    assert config.parameters["ELASTIC_THREADS"].string_value == "true"
+    assert "ELASTIC_THREADS" not in planned_config(config, fixed_split).parameters
 
 
 def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():

@@ -18,7 +18,15 @@ from typing import Any
 from tidepool.clients.connection import Connection
 from tidepool.configfile import ModelConfig, as_dict
 from tidepool.errors import TidepoolError
-from tidepool.planning.planner import Budgets, Plan, candidates, capacity, config_label, planned_config
+from tidepool.planning.planner import (
+    Budgets,
+    Plan,
+    candidates,
+    capacity,
+    config_label,
+    planned_config,
+    served_threads,
+)
 from tidepool.planning.profile import Profile
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...
@@ -148,12 +156,18 @@ class Decision:
     reason: str
 
 
-def served_label(config: dict[str, Any]) -> str:
+def served_label(config: dict[str, Any], cores: int) -> str:
     """The label (as Plan.label) of a config as the server reports it."""
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
     instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
     delay = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
-    threads, precision = parameters.get("TORCH_NUM_THREADS", "?"), parameters.get("PRECISION", "fp32")
+    threads = served_threads(
+        instances,
+        int(parameters.get("TORCH_NUM_THREADS") or cores),
+        cores,
+        elastic=parameters.get("ELASTIC_THREADS", "true") == "true",
+    )
+    precision = parameters.get("PRECISION", "fp32")
     return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, write_config
@@ -39,6 +39,8 @@ class Budgets:
     bounded_queue: bool = False
     # The largest output difference from fp32 (max absolute) a lower precision may have; 0: fp32 only.
     max_output_error: float = 0.0
+    # CPU: also plan instances that share the cores among those busy (runtime/cores.py).
+    elastic_threads: bool = True
 
     @property
     def usable_bytes(self) -> float:
@@ -65,7 +67,10 @@ class Plan:
     pool_initial_bytes: int
     pool_limit_bytes: int
     reasons: dict[str, str]
-    torch_threads: int = 1
+    torch_threads: int = 1  # the most one forward pass uses
+    # Elastic threads (CPU): each instance takes from min_threads (every instance busy) up to
+    # torch_threads (running alone); 0: fixed at torch_threads.
+    min_threads: int = 0
     precision: str = "fp32"
     predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
     lone_latency_ms: float = 0.0  # what a request that arrives alone waits and runs (p50)
@@ -75,7 +80,7 @@ class Plan:
     def label(self) -> str:
         return config_label(
             self.instance_count,
-            self.torch_threads,
+            f"{self.min_threads}-{self.torch_threads}" if self.min_threads else self.torch_threads,
             self.precision,
             self.max_batch_size,
             self.max_queue_delay_us,
@@ -92,8 +97,16 @@ def config_label(
     instances: int, threads: int | str, precision: str, max_batch_size: int, delay_us: int
 ) -> str:
     """A config's short name, the same for a plan and for what a server serves: '2x1 fp32 b8 d0ms'
-    (instances x torch threads, precision, max batch size, queue delay)."""
+    (instances x torch threads, precision, max batch size, queue delay; '2x1-2' for elastic threads)."""
     return f"{instances}x{threads} {precision} b{max_batch_size} d{delay_us / 1000:g}ms"
+
+
+def served_threads(instances: int, threads: int, cores: int, elastic: bool = True) -> str:
+    """A config's threads as its label shows them: with elastic threads (on unless the config says
+    ELASTIC_THREADS false) instances that ask for more than the cores share them, '1-2'."""
+    if elastic and instances * threads > cores:
+        return f"{max(1, cores // instances)}-{threads}"
+    return str(threads)
 
 
 # (name in config.pbtxt, Plan attribute)
@@ -327,7 +340,39 @@ def candidates(profiles: list[Profile], budgets: Budgets) -> tuple[list[Plan], l
         tied = p.predicted_throughput >= (1 - THROUGHPUT_TIE) * best
         return (not tied, 0.0 if tied else -p.predicted_throughput, p.lone_latency_ms)
 
+    if budgets.elastic_threads:
+        plans += elastic_plans(plans, budgets)
     return sorted(plans, key=rank), left_out
+
+
+def elastic_plans(plans: Sequence[Plan], budgets: Budgets) -> list[Plan]:
+    """CPU plans with several instances, made elastic: the instances of a split plan may each take
+    every core while the others are idle, so a lone request runs as fast as on the plan with all
+    cores in one instance, and under load they split the cores as the split plan does."""
+    made = []
+    for whole in plans:
+        if whole.profile is None or whole.profile.device != "cpu" or whole.torch_threads != budgets.cores:
+            continue
+        for split in plans:
+            if (
+                split.precision == whole.precision
+                and split.torch_threads < whole.torch_threads
+                and split.instance_count > 1
+            ):
+                elastic = replace(
+                    split,
+                    torch_threads=whole.torch_threads,
+                    min_threads=split.torch_threads,
+                    lone_latency_ms=whole.lone_latency_ms,
+                    reasons=dict(split.reasons),
+                )
+                elastic.reasons["torch_threads"] = (
+                    f"elastic: up to {whole.torch_threads} while an instance runs alone (a lone request "
+                    f"takes {whole.lone_latency_ms:.1f} ms as on {whole.label}), {split.torch_threads} "
+                    f"each while all {split.instance_count} are busy (the throughput of {split.label})"
+                )
+                made.append(elastic)
+    return made
 
 
 def thread_splits(cores: int) -> list[int]:
@@ -368,6 +413,10 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     for group in config.instance_group:
         group.count = result.instance_count
     config.parameters["TORCH_NUM_THREADS"].string_value = str(result.torch_threads)
+    if result.min_threads:
+        config.parameters["ELASTIC_THREADS"].string_value = "true"
+    else:  # the default (on) changes nothing while the instances' threads fit the cores
+        config.parameters.pop("ELASTIC_THREADS", None)
     config.parameters["PRECISION"].string_value = result.precision
     config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
     config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)

@@ -16,8 +16,15 @@ from tidepool.errors import TidepoolError
 from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
+from tidepool.runtime.cores import CoreShare, usable_cores
 from tidepool.runtime.loader import ModelLoadError, load_model
-from tidepool.runtime.process import ProcessRequest, ProcessState, configure_process, process_state
+from tidepool.runtime.process import (
+    ProcessRequest,
+    ProcessState,
+    configure_process,
+    process_state,
+    set_torch_threads,
+)
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.runtime.validation import RequestError, validate_request
 from tidepool.spec import Array, DType, ModelSpec, TensorSpec, dims_match, parse_model_config
@@ -58,6 +65,7 @@ class Execution:
     results: list[Result]
     batches: list[int] = field(default_factory=list)
     page_faults: int = 0
+    torch_threads: int = 0  # what elastic threads gave its forward passes (0: not elastic)
     scopes: list[ExecutionScope] = field(default_factory=list)
 
     def release(self) -> None:
@@ -82,6 +90,10 @@ class ModelInstance:
                 retain_heap=settings.why_heap_not_kept() is None,
                 needs_mha_fastpath_off=settings.precision == "int8",
             )
+        )
+        # Elastic threads: a forward pass takes the cores that no other busy instance uses.
+        self.core_share = (
+            CoreShare.join(usable_cores(), settings.torch_threads) if settings.elastic_threads else None
         )
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
@@ -139,8 +151,15 @@ class ModelInstance:
         notes = [*self.settings.notes, *self.process_notes, *self.warmup_notes]
         if self.settings.plan_generation:
             notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
+        share = self.core_share
+        threads = (
+            f"; elastic threads: up to {share.cap}, {share.cores} cores shared with the server's other "
+            f"busy instances ({share.path})"
+            if share
+            else ""
+        )
         return (
-            f"{self.settings.device}, {self.settings.precision}; {pool}; {self.process.describe()}"
+            f"{self.settings.device}, {self.settings.precision}; {pool}; {self.process.describe()}{threads}"
             + "".join(f"; NOTE: {note}" for note in notes)
         )
 
@@ -179,6 +198,8 @@ class ModelInstance:
 
     def close(self) -> None:
         self.release()
+        if self.core_share is not None:
+            self.core_share.leave()
         for pool in self.pools:
             pool.close()
 
@@ -191,12 +212,17 @@ class ModelInstance:
         faults_before = minor_page_faults()
         scopes = [pool.begin_execution() for pool in self.pools]
         execution = Execution(results=[], scopes=scopes)
+        if self.core_share is not None:
+            execution.torch_threads = self.core_share.start()
+            set_torch_threads(execution.torch_threads)
         try:
             execution.results = self._execute(requests, execution)
         except BaseException:
             execution.release()
             raise
         finally:
+            if self.core_share is not None:
+                self.core_share.stop()
             for scope in scopes:
                 scope.stop_collecting()
         execution.page_faults = minor_page_faults() - faults_before

@@ -4,15 +4,18 @@ TritonPythonModel that turns pb_utils objects into numpy and back around `ModelI
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tidepool.runtime.instance import Execution, ModelInstance
+from tidepool.runtime.cores import prepare_openmp
 from tidepool.runtime.metrics import InstanceMetrics
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
+
+if TYPE_CHECKING:  # torch loads in initialize, once the OpenMP environment is chosen
+    from tidepool.runtime.instance import Execution
 
 # Error codes this server's pb_utils may lack, and the nearest one it has.
 CODE_FALLBACKS = {"RESOURCE_EXHAUSTED": "INVALID_ARG"}
@@ -53,6 +56,9 @@ def responses_for(execution: Execution) -> list[Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
+        openmp_note = prepare_openmp(config)
+        from tidepool.runtime.instance import ModelInstance
+
         # For a model served by a named Python-based backend, model_repository is the model's
         # own directory (the one that holds config.pbtxt).
         self.instance = ModelInstance.load(config, args["model_repository"], Placement.from_triton_args(args))
@@ -63,6 +69,7 @@ class TritonPythonModel:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
+            + (f"; {openmp_note}" if openmp_note else "")
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:

@@ -81,6 +81,13 @@ def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]
     return process_state(), notes
 
 
+def set_torch_threads(threads: int) -> None:
+    """Elastic threads (runtime/cores.py) change the count before each forward pass; this is cheap
+    (~0.2 us) and a no-op when the count is already right."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def process_state() -> ProcessState:
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         allocator = torch.cuda.get_allocator_backend()

@@ -79,7 +79,8 @@ def warmup_batch_sizes(model: ModelSpec) -> tuple[tuple[int, ...], list[str]]:
 class InstanceSettings:
     """Backend parameters of config.pbtxt that shape how an instance runs (docs/ lists them)."""
 
-    torch_threads: int
+    torch_threads: int  # the most a forward pass uses (see elastic_threads)
+    elastic_threads: bool  # CPU: share the cores with the server's other busy instances
     allow_nonfinite: bool
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
@@ -132,6 +133,8 @@ class InstanceSettings:
         sizes, notes = warmup_batch_sizes(model)
         return cls(
             torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
+            elastic_threads=device == "cpu"
+            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "true") == "true",
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
             precision=precision,

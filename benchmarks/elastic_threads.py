@@ -1,0 +1,88 @@
+"""Elastic threads against the two fixed splits of the cores, on one real server in one run: one
+instance with every core (1xC), one instance per core (Cx1), and C instances that share the cores
+among those busy (ELASTIC_THREADS, up to C threads each). Every variant has the model's
+max_batch_size and no queue delay; levels are taken in turn across variants, --rounds rounds.
+
+    .venv/bin/python -m benchmarks.elastic_threads --model encoder [--levels 1,2,4,8,16]
+        [--rounds 3] [--window-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from benchmarks.plan_vs_grid import spread, sweep
+from tidepool.clients.connection import Connection
+from tidepool.configfile import copy_model, read_config, with_parameters
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.runtime.cores import usable_cores
+from tidepool.spec import positive_ints
+from tidepool.testing import MODEL_REPOSITORY
+
+
+def variants(source: Path, repository: Path, cores: int) -> dict[str, str]:
+    """label -> model name, each a copy of `source` with its split of the cores."""
+    splits = {
+        f"1x{cores} fixed": (1, cores, "false"),
+        f"{cores}x1 fixed": (cores, 1, "false"),
+        f"{cores}x(1-{cores}) elastic": (cores, cores, "true"),
+    }
+    names = {}
+    for index, (label, (instances, threads, elastic)) in enumerate(splits.items()):
+        config = with_parameters(
+            read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=str(threads), ELASTIC_THREADS=elastic
+        )
+        config.name = f"v{index}"
+        config.dynamic_batching.max_queue_delay_microseconds = 0
+        for group in config.instance_group:
+            group.count = instances
+        copy_model(source, repository / config.name, config)
+        names[label] = config.name
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--levels", default="1,2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-s", type=float, default=2.0)
+    args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
+    cores = usable_cores()
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = Path(tmp)
+        names = variants(MODEL_REPOSITORY / args.model, repository, cores)
+        server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
+        figures: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
+        p99: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
+        with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
+            for name in names.values():
+                http.client.load_model(name)
+            for round_number in range(1, args.rounds + 1):
+                for level in levels:
+                    for label, name in names.items():
+                        [result] = sweep(server, name, [level], args.window_s)
+                        figures[label][level].append(result.throughput)
+                        p99[label][level].append(result.p99_ms)
+                        print(f"  round {round_number} c={level} {label}: {result.throughput:.1f}/s, "
+                              f"p99 {result.p99_ms:.1f} ms", flush=True)  # fmt: skip
+    elastic = next(label for label in names if label.endswith("elastic"))
+    fixed = [label for label in names if label != elastic]
+    print(f"\n{args.model} on {cores} cores: infer/s, median (min-max) of {args.rounds} rounds; median p99")
+    print(f"{'c':>4}" + "".join(f"{label:>30}" for label in names) + f"{'elastic/best fixed':>20}")
+    for level in levels:
+        cells = "".join(
+            f"{spread(figures[label][level]) + f' p99 {statistics.median(p99[label][level]):.0f}':>30}"
+            for label in names
+        )
+        best_fixed = max(statistics.median(figures[label][level]) for label in fixed)
+        ratio = statistics.median(figures[elastic][level]) / best_fixed
+        print(f"{level:>4}{cells}{ratio:>20.3f}")
+
+
+if __name__ == "__main__":
+    main()

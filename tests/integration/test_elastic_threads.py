@@ -1,0 +1,41 @@
+"""Elastic threads on a real server: instances that together ask for more threads than there are
+cores share them through one file named after tritonserver's pid, which goes when they do."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tidepool.clients.connection import Connection
+from tidepool.configfile import copy_model, read_config, with_parameters
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.runtime.cores import SHARED_DIRECTORY, share_path, usable_cores
+from tidepool.testing import TEST_MODELS
+
+
+def test_instances_share_the_cores_and_clean_up(tmp_path):
+    cores = usable_cores()
+    config = with_parameters(
+        read_config(TEST_MODELS / "identity" / "config.pbtxt"), TORCH_NUM_THREADS=str(cores)
+    )
+    config.instance_group[0].count = 2
+    copy_model(TEST_MODELS / "identity", tmp_path / "repository" / "identity", config)
+    server_config = ServerConfig.on_free_ports(tmp_path / "repository")
+    with TritonServer(server_config) as server:
+        assert server.process is not None
+        shared = share_path(server.process.pid, SHARED_DIRECTORY if SHARED_DIRECTORY.is_dir() else None)
+        assert shared.exists()
+        with Connection.open("grpc", server_config.grpc_url) as grpc:
+            spec = grpc.model_spec("identity")
+
+            def ask(value: int) -> int:
+                rows = {"X": np.full((1, 1), value, dtype=np.int32)}
+                return int(grpc.infer("identity", rows, spec)["Y"][0, 0])
+
+            with ThreadPoolExecutor(4) as workers:
+                assert list(workers.map(ask, range(40))) == list(range(40))
+        log = "\n".join(server.log_tail)
+    assert log.count(f"elastic threads: up to {cores}, {cores} cores shared") == 2, log
+    assert "GOMP_SPINCOUNT=" in log and "Traceback" not in log
+    assert not shared.exists()  # the last instance to finish removed it

@@ -1,0 +1,95 @@
+"""Elastic threads: instances of one server share its cores through a small shared file. Tested
+with several shares in one process and a clock the test moves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tidepool.runtime import cores
+from tidepool.runtime.cores import BUSY, CoreShare, oversubscribed, prepare_openmp
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [10**12]
+    monkeypatch.setattr(cores.time, "monotonic_ns", lambda: now[0])
+    return now
+
+
+def join(tmp_path, cap=2, cores_=2) -> CoreShare:
+    return CoreShare.join(cores_, cap, server_pid=4242, directory=tmp_path)
+
+
+def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, clock):
+    first, second = join(tmp_path), join(tmp_path)
+    assert (first.slot, second.slot) == (0, 1)
+    assert first.start() == 2  # alone
+    assert second.start() == 1  # both busy: one core each
+    second.stop()
+    clock[0] += cores.HOLD_NS - 1
+    assert first.start() == 1  # the other may be taking its next batch: still counted
+    clock[0] += 2
+    assert first.start() == 2  # now it is idle
+    (tmp_path / "other").mkdir()
+    alone = CoreShare.join(4, 3, server_pid=4242, directory=tmp_path / "other")
+    assert alone.start() == 3  # never above TORCH_NUM_THREADS
+
+
+def test_more_instances_than_cores_run_one_thread_each(tmp_path, clock):
+    shares = [join(tmp_path, cap=4, cores_=4) for _ in range(6)]
+    assert [share.start() for share in shares] == [4, 2, 1, 1, 1, 1]
+
+
+def test_a_dead_owners_slot_is_taken_again(tmp_path, clock):
+    first = join(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    first._pids[1], first._busy_until[1] = dead.pid, BUSY  # died in the middle of a forward pass
+    assert first.start() == 1
+    second = join(tmp_path)
+    assert second.slot == 1 and first.start() == 2
+
+
+def test_the_last_instance_to_leave_removes_the_file(tmp_path):
+    first, second = join(tmp_path), join(tmp_path)
+    first.leave()
+    assert second.path.exists()
+    second.leave()
+    assert not second.path.exists()
+    third = join(tmp_path)
+    third.path.unlink()  # a cleanup removed it: leaving must not fail
+    third.leave()
+    second.leave()  # twice is harmless
+
+
+def config(count: int, threads: str | None, elastic: str | None = None, kind: str = "KIND_CPU") -> dict:
+    parameters = {}
+    if threads is not None:
+        parameters["TORCH_NUM_THREADS"] = {"string_value": threads}
+    if elastic is not None:
+        parameters["ELASTIC_THREADS"] = {"string_value": elastic}
+    return {"instance_group": [{"count": count, "kind": kind}], "parameters": parameters}
+
+
+def test_only_instances_that_ask_for_more_than_the_cores_are_elastic():
+    assert oversubscribed(config(2, "2"), cores=2)
+    assert oversubscribed(config(2, None), cores=2)  # threads default to every core
+    assert not oversubscribed(config(2, "1"), cores=2)
+    assert not oversubscribed(config(1, "8"), cores=2)
+    assert not oversubscribed(config(2, "2", elastic="false"), cores=2)
+    assert not oversubscribed(config(2, "2", kind="KIND_GPU"), cores=2)
+    assert not oversubscribed(config(2, "two"), cores=2)  # refused at load, with its reason
+
+
+def test_openmp_spinning_is_bounded_for_elastic_instances_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.delenv(cores.SPIN_VARIABLE, raising=False)
+    assert prepare_openmp(config(2, "1")) is None
+    assert cores.SPIN_VARIABLE not in cores.os.environ
+    assert "GOMP_SPINCOUNT=20000" in (prepare_openmp(config(2, "2")) or "")
+    assert cores.os.environ[cores.SPIN_VARIABLE] == cores.ELASTIC_SPIN_COUNT
+    monkeypatch.setenv(cores.SPIN_VARIABLE, "5")
+    assert prepare_openmp(config(2, "2")) == "GOMP_SPINCOUNT=5 as set"

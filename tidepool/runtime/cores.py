@@ -1,0 +1,184 @@
+"""Elastic torch threads: the CPU instances of one server share its cores among those computing
+right now. Each instance holds a slot in a small shared file named after the server's pid and,
+before each forward pass, takes cores / (instances busy) threads, capped at TORCH_NUM_THREADS.
+
+Why: on a CPU the best split of the cores depends on the load. One instance with every core
+answers a lone request fastest; one instance per core serves most under load. Elastic threads
+give a config of several instances both: a request that runs alone gets every core, and
+instances that run together split them instead of oversubscribing."""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SLOTS = 64
+# Per slot: the owner's pid (int64, 0: free), then until when it counts as busy (monotonic ns).
+FILE_BYTES = SLOTS * 8 * 2
+BUSY = 2**63 - 1  # "until further notice": computing now
+# An instance counts as busy this long after its forward pass: a saturated instance takes its
+# next batch within it, so another instance that starts meanwhile does not take its cores and
+# then share them three ways. A lone request (client round trip: milliseconds) finds it idle.
+HOLD_NS = 1_000_000
+SHARED_DIRECTORY = Path("/dev/shm")
+SPIN_VARIABLE = "GOMP_SPINCOUNT"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which container cpusets restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# What idle OpenMP threads of an elastic instance spin before they sleep (libgomp's default is
+# ~300,000 rounds, milliseconds): long enough to stay awake between the operators of one forward
+# pass, short enough to leave the cores before another instance takes the next request. Measured on
+# 2 cores (encoder, 2 instances x up to 2 threads, concurrency 1): default spin 0.67x one instance
+# with 2 threads, 20,000 rounds 0.94-1.09x.
+ELASTIC_SPIN_COUNT = "20000"
+
+
+def oversubscribed(model_config: dict[str, Any], cores: int) -> bool:
+    """Whether the model's CPU instances could ask for more threads than there are cores, which is
+    when elastic threads change anything (ELASTIC_THREADS unset or true)."""
+    parameters = model_config.get("parameters") or {}
+
+    def param(key: str, default: str) -> str:
+        return str((parameters.get(key) or {}).get("string_value") or default)
+
+    if param("ELASTIC_THREADS", "true") != "true":
+        return False
+    try:
+        threads = int(param("TORCH_NUM_THREADS", str(cores)))
+    except ValueError:
+        return False  # the instance refuses it at load, with the reason
+    groups = model_config.get("instance_group") or [{}]
+    count = sum(int(group.get("count") or 1) for group in groups if group.get("kind") != "KIND_GPU")
+    return count * min(threads, cores) > cores
+
+
+def prepare_openmp(model_config: dict[str, Any]) -> str | None:
+    """Before torch loads in a stub: bound how long idle OpenMP threads spin where elastic threads
+    share the cores (see ELASTIC_SPIN_COUNT). A value the user set is kept. Returns a note for the log."""
+    if not oversubscribed(model_config, usable_cores()):
+        return None
+    if SPIN_VARIABLE in os.environ:
+        return f"{SPIN_VARIABLE}={os.environ[SPIN_VARIABLE]} as set"
+    os.environ[SPIN_VARIABLE] = ELASTIC_SPIN_COUNT
+    return f"{SPIN_VARIABLE}={ELASTIC_SPIN_COUNT} (idle OpenMP threads leave the cores soon)"
+
+
+def share_path(server_pid: int, directory: Path | None = None) -> Path:
+    """The file of one server's instances. The name starts `tidepool_<pid>_`, like the launcher's
+    other shared files, so `tidepool serve` removes it once that process is gone."""
+    if directory is None:
+        directory = SHARED_DIRECTORY if SHARED_DIRECTORY.is_dir() else Path("/tmp")
+    return directory / f"tidepool_{server_pid}_cores"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class CoreShare:
+    """This instance's slot among the instances of one server."""
+
+    path: Path
+    slot: int
+    cores: int
+    cap: int  # TORCH_NUM_THREADS: never more threads than this
+    _file: mmap.mmap
+    _pids: np.ndarray[Any, np.dtype[np.int64]]
+    _busy_until: np.ndarray[Any, np.dtype[np.int64]]
+
+    @classmethod
+    def join(
+        cls, cores: int, cap: int, server_pid: int | None = None, directory: Path | None = None
+    ) -> CoreShare:
+        """Take a free slot (or one whose owner died). `server_pid` defaults to the parent
+        process: a Triton Python stub is a child of tritonserver."""
+        path = share_path(server_pid if server_pid is not None else os.getppid(), directory)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not _same_file(fd, path):  # the last owner removed it while we waited
+                    continue
+                if os.fstat(fd).st_size < FILE_BYTES:
+                    os.ftruncate(fd, FILE_BYTES)
+                shared = mmap.mmap(fd, FILE_BYTES)
+                share = cls(
+                    path, -1, cores, cap, shared,
+                    np.frombuffer(shared, np.int64, SLOTS), np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8),
+                )  # fmt: skip
+                free = [s for s in range(SLOTS) if not share._pids[s] or not _alive(int(share._pids[s]))]
+                if not free:
+                    share._close()
+                    raise RuntimeError(f"more than {SLOTS} instances share {path}")
+                share.slot = free[0]
+                share._pids[share.slot] = os.getpid()
+                share._busy_until[share.slot] = 0
+                return share
+            finally:
+                # Unlock explicitly: Python's mmap keeps a duplicate of the descriptor, which
+                # would otherwise hold the lock for as long as the mapping lives.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    def busy_instances(self) -> int:
+        return int(np.count_nonzero(self._busy_until > time.monotonic_ns()))
+
+    def start(self) -> int:
+        """Mark this instance busy; the torch threads it should run its forward pass with."""
+        self._busy_until[self.slot] = BUSY
+        return max(1, min(self.cap, self.cores // max(1, self.busy_instances())))
+
+    def stop(self) -> None:
+        self._busy_until[self.slot] = time.monotonic_ns() + HOLD_NS
+
+    def leave(self) -> None:
+        """Free the slot; the last instance to leave removes the file."""
+        if self._file.closed:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:  # removed by a cleanup: nobody else uses it either
+            self._close()
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._pids[self.slot] = 0
+            self._busy_until[self.slot] = 0
+            if not self._pids.any() and _same_file(fd, self.path):
+                self.path.unlink()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            self._close()
+
+    def _close(self) -> None:
+        del self._pids, self._busy_until  # numpy views pin the mapping until they go
+        self._file.close()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
