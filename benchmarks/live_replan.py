@@ -7,15 +7,18 @@ machine in one run:
    `tidepool plan --from-server --watch --apply` re-planning every window;
 4. steady: the same watch under a constant load, to show it reloads once at most (no flapping).
 
-Per step (throughput and p99 at its end, from Locust's history), failures, and reloads.
+Per step (throughput and p99 at its end, from Locust's history), failures, and reloads. With
+--repeats N, static and watch runs alternate N times and each step shows the median (min-max).
 
     .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
+        [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,6 +98,7 @@ def main() -> None:
     parser.add_argument(
         "--steps", default=STEPS, help="users at each step, e.g. 1,1,16,16,1,1 (light, heavy, light)"
     )
+    parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
     args = parser.parse_args()
     budgets = Budgets(memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms)
     levels = [int(u) for u in args.steps.split(",")]
@@ -107,9 +111,10 @@ def main() -> None:
             path = root / f"profile-{threads}.json"
             path.write_text(profile.to_json())
             profiles.append(profile)
-        results = {}
-        for run in ("static", "watch", "steady"):
-            repository = root / run
+        results: dict[str, list] = {"static": [], "watch": [], "steady": []}
+        order = [*(["static", "watch"] * args.repeats), "steady"]
+        for index, run in enumerate(order):
+            repository = root / f"{run}-{index}"
             model_dir = repository / args.model
             copy_model(MODEL_REPOSITORY / args.model, model_dir)
             watch = None
@@ -134,37 +139,46 @@ def main() -> None:
                     steps = ",".join(["8"] * len(levels))
             began = time.perf_counter()
             summary, lines, generation = served_run(
-                repository, args.model, steps, args.step_seconds, watch, root / f"report-{run}"
+                repository, args.model, steps, args.step_seconds, watch, root / f"report-{run}-{index}"
             )
             per_step = steps_from_history(
-                root / f"report-{run}", args.step_seconds, [int(u) for u in steps.split(",")]
+                root / f"report-{run}-{index}", args.step_seconds, [int(u) for u in steps.split(",")]
             )
-            results[run] = (summary, lines, generation, per_step, time.perf_counter() - began)
+            results[run].append((summary, lines, generation, per_step, time.perf_counter() - began))
             print(f"{run}: {summary.requests} answered, {summary.failures} failed, "
                   f"plan generation {generation:.0f}", flush=True)  # fmt: skip
             for line in lines:
                 if "config changed" in line or "planned" in line:
                     print(f"    {line}", flush=True)
 
+    def cell(values: list[float], digits: int) -> str:
+        if len(values) == 1:
+            return f"{values[0]:.{digits}f}"
+        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
     print(
-        f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; "
-        "at each step's end"
+        f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; at each "
+        f"step's end; median (min-max) of {args.repeats} alternated run(s)"
     )
-    print(f"{'users':>6}{'static req/s':>14}{'static p99':>12}{'watch req/s':>13}{'watch p99':>11}"
+    print(f"{'users':>6}{'static req/s':>24}{'static p99':>20}{'watch req/s':>24}{'watch p99':>20}"
           f"{'watch/static':>14}")  # fmt: skip
-    for (users, rps_s, p99_s), (_, rps_w, p99_w) in zip(
-        results["static"][3], results["watch"][3], strict=True
-    ):
-        print(
-            f"{users:>6}{rps_s:>14.1f}{p99_s:>12.0f}{rps_w:>13.1f}{p99_w:>11.0f}"
-            f"{rps_w / rps_s if rps_s else 0:>14.2f}"
-        )
+    for step, users in enumerate(levels):
+        columns = {}
+        for run in ("static", "watch"):
+            columns[run] = (
+                [per_step[step][1] for *_, per_step, _ in results[run]],
+                [per_step[step][2] for *_, per_step, _ in results[run]],
+            )
+        ratio = statistics.median(columns["watch"][0]) / max(1e-9, statistics.median(columns["static"][0]))
+        (static_rps, static_p99), (watch_rps, watch_p99) = columns["static"], columns["watch"]
+        print(f"{users:>6}{cell(static_rps, 1):>24}{cell(static_p99, 0):>20}"
+              f"{cell(watch_rps, 1):>24}{cell(watch_p99, 0):>20}{ratio:>14.2f}")  # fmt: skip
     for run in ("static", "watch", "steady"):
-        summary, lines, generation, _, seconds = results[run]
-        reloads = sum("config changed" in line for line in lines)
-        print(f"{run}: {summary.requests} requests, {summary.failures} failed, {reloads} reloads, "
-              f"final plan generation {generation:.0f}, p99 {summary.p99_ms:.0f} ms overall "
-              f"({seconds:.0f} s)")  # fmt: skip
+        for summary, lines, generation, _, seconds in results[run]:
+            reloads = sum("config changed" in line for line in lines)
+            print(f"{run}: {summary.requests} requests, {summary.failures} failed, {reloads} reloads, "
+                  f"final plan generation {generation:.0f}, p99 {summary.p99_ms:.0f} ms overall "
+                  f"({seconds:.0f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

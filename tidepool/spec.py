@@ -104,6 +104,7 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     parameters: dict[str, str] = field(default_factory=dict)
+    cpu_instances: int = 1  # instances of the config's instance groups that are not KIND_GPU
 
     @property
     def batched(self) -> bool:
@@ -201,4 +202,9 @@ def parse_model_config(config: dict[str, Any] | str) -> ModelSpec:
         inputs=inputs,
         outputs=outputs,
         parameters=parameters,
+        cpu_instances=sum(
+            int(group.get("count") or 1)
+            for group in config.get("instance_group") or [{}]
+            if group.get("kind") != "KIND_GPU"
+        ),
     )

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tidepool.runtime import cores
+from tidepool.runtime import settings as settings_module
 from tidepool.runtime.cores import BUSY, CoreShare, oversubscribed, prepare_openmp
+from tidepool.runtime.settings import InstanceSettings, Placement
+from tidepool.spec import parse_model_config
 
 
 @pytest.fixture
@@ -27,20 +32,43 @@ def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, c
     first, second = join(tmp_path), join(tmp_path)
     assert (first.slot, second.slot) == (0, 1)
     assert first.start() == 2  # alone
-    assert second.start() == 1  # both busy: one core each
+    first.stop()
+    clock[0] += cores.HOLD_NS + 1
+    assert second.start() == 2  # the other is idle: alone again
+    assert first.start() == 1  # one core is left, and its share is one
     second.stop()
+    first.stop()
     clock[0] += cores.HOLD_NS - 1
     assert first.start() == 1  # the other may be taking its next batch: still counted
-    clock[0] += 2
+    first.stop()
+    clock[0] += cores.HOLD_NS + 1
     assert first.start() == 2  # now it is idle
     (tmp_path / "other").mkdir()
     alone = CoreShare.join(4, 3, server_pid=4242, directory=tmp_path / "other")
     assert alone.start() == 3  # never above TORCH_NUM_THREADS
 
 
-def test_more_instances_than_cores_run_one_thread_each(tmp_path, clock):
+def test_a_pass_that_finds_every_core_taken_waits_for_them(tmp_path, clock, monkeypatch):
+    monkeypatch.setattr(cores, "MAX_WAIT_S", 30.0)
+    first, second = join(tmp_path), join(tmp_path)
+    assert first.start() == 2  # took both cores while alone
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(second.start)
+        time.sleep(0.05)
+        assert not waiting.done()  # no core is free
+        first.stop()
+        assert waiting.result(timeout=5) == 1  # the first may come back within the hold: its share
+    monkeypatch.setattr(cores, "MAX_WAIT_S", 0.0)
+    assert first.start() == 1  # nothing free and no time to wait: one thread anyway
+
+
+def test_more_instances_than_cores_run_one_thread_each(tmp_path, clock, monkeypatch):
+    monkeypatch.setattr(cores, "MAX_WAIT_S", 0.0)
     shares = [join(tmp_path, cap=4, cores_=4) for _ in range(6)]
-    assert [share.start() for share in shares] == [4, 2, 1, 1, 1, 1]
+    assert [share.start() for share in shares] == [4, 1, 1, 1, 1, 1]
+    for share in shares:
+        share.stop()
+    assert [share.start() for share in shares] == [1] * 6  # all counted busy (the hold): one each
 
 
 def test_a_dead_owners_slot_is_taken_again(tmp_path, clock):
@@ -48,7 +76,10 @@ def test_a_dead_owners_slot_is_taken_again(tmp_path, clock):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     first._pids[1], first._busy_until[1] = dead.pid, BUSY  # died in the middle of a forward pass
+    first._threads[1] = 1
     assert first.start() == 1
+    first.stop()
+    clock[0] += cores.HOLD_NS + 1
     second = join(tmp_path)
     assert second.slot == 1 and first.start() == 2
 
@@ -66,22 +97,34 @@ def test_the_last_instance_to_leave_removes_the_file(tmp_path):
 
 
 def config(count: int, threads: str | None, elastic: str | None = None, kind: str = "KIND_CPU") -> dict:
-    parameters = {}
+    parameters: dict = {}
     if threads is not None:
         parameters["TORCH_NUM_THREADS"] = {"string_value": threads}
     if elastic is not None:
         parameters["ELASTIC_THREADS"] = {"string_value": elastic}
-    return {"instance_group": [{"count": count, "kind": kind}], "parameters": parameters}
+    return {
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "instance_group": [{"count": count, "kind": kind}],
+        "parameters": parameters,
+    }
 
 
-def test_only_instances_that_ask_for_more_than_the_cores_are_elastic():
-    assert oversubscribed(config(2, "2"), cores=2)
-    assert oversubscribed(config(2, None), cores=2)  # threads default to every core
-    assert not oversubscribed(config(2, "1"), cores=2)
-    assert not oversubscribed(config(1, "8"), cores=2)
-    assert not oversubscribed(config(2, "2", elastic="false"), cores=2)
-    assert not oversubscribed(config(2, "2", kind="KIND_GPU"), cores=2)
-    assert not oversubscribed(config(2, "two"), cores=2)  # refused at load, with its reason
+def test_only_instances_that_ask_for_more_than_the_cores_are_elastic(monkeypatch):
+    def elastic(*args, **kwargs) -> bool:
+        return oversubscribed(parse_model_config(config(*args, **kwargs)), cores=2)
+
+    assert elastic(2, "2")
+    assert elastic(2, None)  # threads default to every core
+    assert not elastic(2, "1")
+    assert not elastic(1, "8")
+    assert not elastic(2, "2", elastic="false")
+    assert not elastic(2, "2", kind="KIND_GPU")
+    assert not elastic(2, "two")  # refused at load, with its reason
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 2)
+    spec = parse_model_config(config(2, "2"))
+    assert InstanceSettings.from_spec(spec, Placement("CPU"), lambda: False).elastic_threads
+    assert not InstanceSettings.from_spec(spec, Placement("GPU"), lambda: True).elastic_threads
 
 
 def test_openmp_spinning_is_bounded_for_elastic_instances_unless_the_user_chose(monkeypatch):

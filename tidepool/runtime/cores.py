@@ -1,6 +1,7 @@
 """Elastic torch threads: the CPU instances of one server share its cores among those computing
 right now. Each instance holds a slot in a small shared file named after the server's pid and,
-before each forward pass, takes cores / (instances busy) threads, capped at TORCH_NUM_THREADS.
+before each forward pass, takes cores / (instances busy) threads, capped at TORCH_NUM_THREADS;
+where the others already use every core (one took them all while it ran alone), it waits for them.
 
 Why: on a CPU the best split of the cores depends on the load. One instance with every core
 answers a lone request fastest; one instance per core serves most under load. Elastic threads
@@ -19,14 +20,22 @@ from typing import Any
 
 import numpy as np
 
+from tidepool.spec import ConfigError, ModelSpec, parse_model_config
+
 SLOTS = 64
-# Per slot: the owner's pid (int64, 0: free), then until when it counts as busy (monotonic ns).
-FILE_BYTES = SLOTS * 8 * 2
+# Per slot (int64 each): the owner's pid (0: free), until when it counts as busy (monotonic ns),
+# and the threads its forward pass runs with now (0: none).
+FILE_BYTES = SLOTS * 8 * 3
 BUSY = 2**63 - 1  # "until further notice": computing now
 # An instance counts as busy this long after its forward pass: a saturated instance takes its
 # next batch within it, so another instance that starts meanwhile does not take its cores and
 # then share them three ways. A lone request (client round trip: milliseconds) finds it idle.
 HOLD_NS = 1_000_000
+# A forward pass that finds every core taken waits this long at most, polling, before it runs on
+# one thread anyway: waiting for a pass that holds every core beats sharing them three ways, where
+# OpenMP threads wait at each barrier for a thread the kernel has descheduled.
+MAX_WAIT_S = 0.1
+POLL_S = 0.0002
 SHARED_DIRECTORY = Path("/dev/shm")
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 
@@ -47,29 +56,26 @@ def usable_cores() -> int:
 ELASTIC_SPIN_COUNT = "20000"
 
 
-def oversubscribed(model_config: dict[str, Any], cores: int) -> bool:
+def oversubscribed(model: ModelSpec, cores: int) -> bool:
     """Whether the model's CPU instances could ask for more threads than there are cores, which is
     when elastic threads change anything (ELASTIC_THREADS unset or true)."""
-    parameters = model_config.get("parameters") or {}
-
-    def param(key: str, default: str) -> str:
-        return str((parameters.get(key) or {}).get("string_value") or default)
-
-    if param("ELASTIC_THREADS", "true") != "true":
+    if (model.param("ELASTIC_THREADS") or "true").strip().lower() != "true":
         return False
     try:
-        threads = int(param("TORCH_NUM_THREADS", str(cores)))
+        threads = int(model.param("TORCH_NUM_THREADS") or cores)
     except ValueError:
         return False  # the instance refuses it at load, with the reason
-    groups = model_config.get("instance_group") or [{}]
-    count = sum(int(group.get("count") or 1) for group in groups if group.get("kind") != "KIND_GPU")
-    return count * min(threads, cores) > cores
+    return model.cpu_instances * min(threads, cores) > cores
 
 
 def prepare_openmp(model_config: dict[str, Any]) -> str | None:
     """Before torch loads in a stub: bound how long idle OpenMP threads spin where elastic threads
     share the cores (see ELASTIC_SPIN_COUNT). A value the user set is kept. Returns a note for the log."""
-    if not oversubscribed(model_config, usable_cores()):
+    try:
+        model = parse_model_config(model_config)
+    except ConfigError:
+        return None  # loading the instance says what is wrong
+    if not oversubscribed(model, usable_cores()):
         return None
     if SPIN_VARIABLE in os.environ:
         return f"{SPIN_VARIABLE}={os.environ[SPIN_VARIABLE]} as set"
@@ -106,6 +112,7 @@ class CoreShare:
     _file: mmap.mmap
     _pids: np.ndarray[Any, np.dtype[np.int64]]
     _busy_until: np.ndarray[Any, np.dtype[np.int64]]
+    _threads: np.ndarray[Any, np.dtype[np.int64]]
 
     @classmethod
     def join(
@@ -125,7 +132,7 @@ class CoreShare:
                 shared = mmap.mmap(fd, FILE_BYTES)
                 share = cls(
                     path, -1, cores, cap, shared,
-                    np.frombuffer(shared, np.int64, SLOTS), np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8),
+                    *(np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8 * part) for part in range(3)),
                 )  # fmt: skip
                 free = [s for s in range(SLOTS) if not share._pids[s] or not _alive(int(share._pids[s]))]
                 if not free:
@@ -133,7 +140,7 @@ class CoreShare:
                     raise RuntimeError(f"more than {SLOTS} instances share {path}")
                 share.slot = free[0]
                 share._pids[share.slot] = os.getpid()
-                share._busy_until[share.slot] = 0
+                share._busy_until[share.slot] = share._threads[share.slot] = 0
                 return share
             finally:
                 # Unlock explicitly: Python's mmap keeps a duplicate of the descriptor, which
@@ -145,11 +152,21 @@ class CoreShare:
         return int(np.count_nonzero(self._busy_until > time.monotonic_ns()))
 
     def start(self) -> int:
-        """Mark this instance busy; the torch threads it should run its forward pass with."""
+        """Mark this instance busy; the torch threads it should run its forward pass with: its
+        share of the cores among the busy instances, no more than the others leave free."""
         self._busy_until[self.slot] = BUSY
-        return max(1, min(self.cap, self.cores // max(1, self.busy_instances())))
+        give_up = time.monotonic() + MAX_WAIT_S
+        while True:
+            share = max(1, min(self.cap, self.cores // max(1, self.busy_instances())))
+            free = self.cores - int(self._threads.sum())
+            if free >= 1 or time.monotonic() >= give_up:
+                threads = max(1, min(share, free))
+                self._threads[self.slot] = threads
+                return threads
+            time.sleep(POLL_S)
 
     def stop(self) -> None:
+        self._threads[self.slot] = 0
         self._busy_until[self.slot] = time.monotonic_ns() + HOLD_NS
 
     def leave(self) -> None:
@@ -164,7 +181,7 @@ class CoreShare:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._pids[self.slot] = 0
-            self._busy_until[self.slot] = 0
+            self._busy_until[self.slot] = self._threads[self.slot] = 0
             if not self._pids.any() and _same_file(fd, self.path):
                 self.path.unlink()
         finally:
@@ -173,7 +190,7 @@ class CoreShare:
             self._close()
 
     def _close(self) -> None:
-        del self._pids, self._busy_until  # numpy views pin the mapping until they go
+        del self._pids, self._busy_until, self._threads  # numpy views pin the mapping until they go
         self._file.close()
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tidepool.runtime.cores import oversubscribed, usable_cores
 from tidepool.spec import ConfigError, ModelSpec, positive_ints
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -80,7 +81,9 @@ class InstanceSettings:
     """Backend parameters of config.pbtxt that shape how an instance runs (docs/ lists them)."""
 
     torch_threads: int  # the most a forward pass uses (see elastic_threads)
-    elastic_threads: bool  # CPU: share the cores with the server's other busy instances
+    # CPU instances that together ask for more threads than there are cores: share them among
+    # the busy ones (runtime/cores.py).
+    elastic_threads: bool
     allow_nonfinite: bool
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
@@ -134,7 +137,8 @@ class InstanceSettings:
         return cls(
             torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
             elastic_threads=device == "cpu"
-            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "true") == "true",
+            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "true") == "true"
+            and oversubscribed(model, usable_cores()),
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
             precision=precision,
