@@ -17,7 +17,9 @@ from tidepool.testing import TEST_MODELS
 def test_instances_share_the_cores_and_clean_up(tmp_path):
     cores = usable_cores()
     config = with_parameters(
-        read_config(TEST_MODELS / "identity" / "config.pbtxt"), TORCH_NUM_THREADS=str(cores)
+        read_config(TEST_MODELS / "identity" / "config.pbtxt"),
+        TORCH_NUM_THREADS=str(cores),
+        ELASTIC_THREADS="true",
     )
     config.instance_group[0].count = 2
     copy_model(TEST_MODELS / "identity", tmp_path / "repository" / "identity", config)

@@ -96,7 +96,7 @@ def test_the_last_instance_to_leave_removes_the_file(tmp_path):
     second.leave()  # twice is harmless
 
 
-def config(count: int, threads: str | None, elastic: str | None = None, kind: str = "KIND_CPU") -> dict:
+def config(count: int, threads: str | None, elastic: str | None = "true", kind: str = "KIND_CPU") -> dict:
     parameters: dict = {}
     if threads is not None:
         parameters["TORCH_NUM_THREADS"] = {"string_value": threads}
@@ -119,6 +119,7 @@ def test_only_instances_that_ask_for_more_than_the_cores_are_elastic(monkeypatch
     assert not elastic(2, "1")
     assert not elastic(1, "8")
     assert not elastic(2, "2", elastic="false")
+    assert not elastic(2, "2", elastic=None)  # off unless asked
     assert not elastic(2, "2", kind="KIND_GPU")
     assert not elastic(2, "two")  # refused at load, with its reason
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 2)

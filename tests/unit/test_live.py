@@ -92,10 +92,10 @@ def test_the_served_config_is_named_as_plans_are():
         "parameters": {"TORCH_NUM_THREADS": {"string_value": "1"}, "PRECISION": {"string_value": "bf16"}},
     }
     assert served_label(config, cores=2) == "2x1 bf16 b8 d0.5ms"
-    config["parameters"]["TORCH_NUM_THREADS"]["string_value"] = "2"  # more than 2 cores: elastic
-    assert served_label(config, cores=2) == "2x1-2 bf16 b8 d0.5ms"
-    config["parameters"]["ELASTIC_THREADS"] = {"string_value": "false"}
+    config["parameters"]["TORCH_NUM_THREADS"]["string_value"] = "2"  # more than 2 cores
     assert served_label(config, cores=2) == "2x2 bf16 b8 d0.5ms"
+    config["parameters"]["ELASTIC_THREADS"] = {"string_value": "true"}
+    assert served_label(config, cores=2) == "2x1-2 bf16 b8 d0.5ms"
 
 
 def test_with_elastic_threads_one_config_serves_light_and_heavy_traffic(profiles):

@@ -165,7 +165,7 @@ def served_label(config: dict[str, Any], cores: int) -> str:
         instances,
         int(parameters.get("TORCH_NUM_THREADS") or cores),
         cores,
-        elastic=parameters.get("ELASTIC_THREADS", "true") == "true",
+        elastic=parameters.get("ELASTIC_THREADS", "false") == "true",
     )
     precision = parameters.get("PRECISION", "fp32")
     return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay)

@@ -101,9 +101,9 @@ def config_label(
     return f"{instances}x{threads} {precision} b{max_batch_size} d{delay_us / 1000:g}ms"
 
 
-def served_threads(instances: int, threads: int, cores: int, elastic: bool = True) -> str:
-    """A config's threads as its label shows them: with elastic threads (on unless the config says
-    ELASTIC_THREADS false) instances that ask for more than the cores share them, '1-2'."""
+def served_threads(instances: int, threads: int, cores: int, elastic: bool) -> str:
+    """A config's threads as its label shows them: with elastic threads (ELASTIC_THREADS true)
+    instances that ask for more than the cores share them, '1-2'."""
     if elastic and instances * threads > cores:
         return f"{max(1, cores // instances)}-{threads}"
     return str(threads)
@@ -415,8 +415,8 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     config.parameters["TORCH_NUM_THREADS"].string_value = str(result.torch_threads)
     if result.min_threads:
         config.parameters["ELASTIC_THREADS"].string_value = "true"
-    else:  # the default (on) changes nothing while the instances' threads fit the cores
-        config.parameters.pop("ELASTIC_THREADS", None)
+    else:
+        config.parameters.pop("ELASTIC_THREADS", None)  # off by default
     config.parameters["PRECISION"].string_value = result.precision
     config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
     config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)

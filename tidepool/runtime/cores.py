@@ -58,8 +58,8 @@ ELASTIC_SPIN_COUNT = "20000"
 
 def oversubscribed(model: ModelSpec, cores: int) -> bool:
     """Whether the model's CPU instances could ask for more threads than there are cores, which is
-    when elastic threads change anything (ELASTIC_THREADS unset or true)."""
-    if (model.param("ELASTIC_THREADS") or "true").strip().lower() != "true":
+    when elastic threads change anything (and ELASTIC_THREADS is true)."""
+    if (model.param("ELASTIC_THREADS") or "false").strip().lower() != "true":
         return False
     try:
         threads = int(model.param("TORCH_NUM_THREADS") or cores)

@@ -137,7 +137,7 @@ class InstanceSettings:
         return cls(
             torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
             elastic_threads=device == "cpu"
-            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "true") == "true"
+            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "false") == "true"
             and oversubscribed(model, usable_cores()),
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
