@@ -231,6 +231,9 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+FIRST_LOOK_S = 2.0
+
+
 def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any], budgets: Any) -> int:
     """`tidepool plan --from-server`: observe, re-plan, and (with --apply) reload; --watch repeats."""
     from tidepool.clients.connection import Connection
@@ -243,10 +246,11 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
         served_config,
         served_label,
     )
-    from tidepool.planning.planner import write_plan
+    from tidepool.planning.planner import candidates, write_plan
 
     model = args.model or model_dir.name
     base = read_config(model_dir / "config.pbtxt")
+    planned_labels = {plan.label for plan in candidates(profiles, budgets)[0]}
     reloads = 0
     with Connection.open("http", args.from_server) as connection:
         while True:
@@ -255,7 +259,10 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
                 served.get("parameters", {}).get(GENERATION_PARAMETER, {}).get("string_value", 0) or 0
             )
             label = served_label(served, budgets.cores)
-            observation = observe(connection, model, args.window)
+            # A config that is none of the plans is replaced after a short first look: telling
+            # light traffic from heavy needs seconds, and every window of it is served badly.
+            window = args.window if label in planned_labels else min(args.window, FIRST_LOOK_S)
+            observation = observe(connection, model, window)
             decision = decide(label, profiles, budgets, observation)
             stamp = time.strftime("%H:%M:%S")
             print(f"[{stamp}] {model}: {observation.describe()}", flush=True)
