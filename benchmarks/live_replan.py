@@ -11,7 +11,7 @@ Per step (throughput and p99 at its end, from Locust's history), failures, and r
 --repeats N, static and watch runs alternate N times and each step shows the median (min-max).
 
     .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
-        [--repeats 2]
+        [--repeats 2] [--elastic-threads]
 """
 
 from __future__ import annotations
@@ -99,8 +99,11 @@ def main() -> None:
         "--steps", default=STEPS, help="users at each step, e.g. 1,1,16,16,1,1 (light, heavy, light)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
+    parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
     args = parser.parse_args()
-    budgets = Budgets(memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms)
+    budgets = Budgets(
+        memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms, elastic_threads=args.elastic_threads
+    )
     levels = [int(u) for u in args.steps.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -134,6 +137,7 @@ def main() -> None:
                     arg for p in sorted(root.glob("profile-*.json")) for arg in ("--profile", str(p))
                 ]
                 watch = ["--window", str(args.window), "--memory-budget", "1GiB",
+                         *(["--elastic-threads"] if args.elastic_threads else []),
                          "--latency-budget-ms", str(args.latency_budget_ms), *profile_args]  # fmt: skip
                 if run == "steady":
                     steps = ",".join(["8"] * len(levels))

@@ -12,6 +12,7 @@ real server in one run:
 
     .venv/bin/python -m benchmarks.plan_vs_grid --model encoder [--latency-budget-ms 100]
         [--levels 1,2,4,8,16] [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid]
+        [--elastic-threads]
 """
 
 from __future__ import annotations
@@ -153,11 +154,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-output-error", type=float, default=0.0)
     parser.add_argument("--no-grid", action="store_true", help="only the plan and the two baselines")
+    parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     budgets = Budgets(
         memory_bytes=args.memory_budget_mib * 2**20, latency_ms=args.latency_budget_ms,
-        max_output_error=args.max_output_error,
+        max_output_error=args.max_output_error, elastic_threads=args.elastic_threads,
     )  # fmt: skip
     precisions = ["fp32", "bf16"] if args.max_output_error > 0 else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -177,7 +177,7 @@ def _plan(args: argparse.Namespace) -> int:
         cores=args.cores or os.cpu_count() or 1,
         bounded_queue=args.bounded_queue,
         max_output_error=args.max_output_error,
-        elastic_threads=not args.fixed_threads,
+        elastic_threads=args.elastic_threads,
     )
     began = time.perf_counter()
     if args.from_server and not args.profile:
@@ -491,9 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
         "off by default, see docs/planning.md",
     )
     plan.add_argument(
-        "--fixed-threads",
+        "--elastic-threads",
         action="store_true",
-        help="plan only fixed torch threads per instance, not elastic ones (see docs/planning.md)",
+        help="also plan CPU instances that share the cores among those busy (ELASTIC_THREADS; "
+        "see docs/planning.md); use with --verify",
     )
     _add_profile_options(plan)
     plan.set_defaults(run=_plan)

@@ -99,7 +99,7 @@ def test_the_served_config_is_named_as_plans_are():
 
 
 def test_with_elastic_threads_one_config_serves_light_and_heavy_traffic(profiles):
-    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=True)
     ranked, _ = candidates(profiles, budgets)
     elastic = ranked[0]
     assert elastic.label.startswith("2x1-2 ")

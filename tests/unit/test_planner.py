@@ -197,9 +197,13 @@ def test_each_thread_split_is_a_candidate_with_instances_to_fill_the_cores():
     assert by_threads[1].predicted_throughput == pytest.approx(1.4 * by_threads[2].predicted_throughput)
 
 
+BUDGETS_2_CORES = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+
+
 def test_elastic_threads_join_the_lone_latency_of_one_split_to_the_throughput_of_another():
     two_threads, one_thread = variant("encoder", 2), variant("encoder", 1, speed=0.7)
-    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    assert len(candidates([two_threads, one_thread], BUDGETS_2_CORES)[0]) == 2  # only when asked
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=True)
     ranked, _ = candidates([two_threads, one_thread], budgets)
     labels = [p.label.split()[0] for p in ranked]
     assert labels == ["2x1-2", "2x1", "1x2"]  # the elastic plan ties on throughput, wins on latency
