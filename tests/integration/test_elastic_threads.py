@@ -10,7 +10,7 @@ import numpy as np
 from tidepool.clients.connection import Connection
 from tidepool.configfile import copy_model, read_config, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.runtime.cores import SHARED_DIRECTORY, share_path, usable_cores
+from tidepool.runtime.cores import share_path, usable_cores
 from tidepool.testing import TEST_MODELS
 
 
@@ -26,7 +26,7 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
     server_config = ServerConfig.on_free_ports(tmp_path / "repository")
     with TritonServer(server_config) as server:
         assert server.process is not None
-        shared = share_path(server.process.pid, SHARED_DIRECTORY if SHARED_DIRECTORY.is_dir() else None)
+        shared = share_path(server.process.pid)
         assert shared.exists()
         with Connection.open("grpc", server_config.grpc_url) as grpc:
             spec = grpc.model_spec("identity")

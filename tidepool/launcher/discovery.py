@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidepool.errors import TidepoolError
+from tidepool.processes import SHM_DIRECTORY, alive
 
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 STUB = "triton_python_backend_stub"
@@ -125,7 +126,6 @@ def server_environment(library_dirs: tuple[Path, ...] = ()) -> dict[str, str]:
 # backend's shared-memory regions. Both carry the launcher's pid, so a later launcher can tell
 # which belong to a process that is gone.
 WORKDIR_PREFIX = "tidepool-backends-"
-SHM_DIRECTORY = Path("/dev/shm")
 
 
 def shm_prefix(pid: int) -> str:
@@ -141,16 +141,6 @@ def _owner_pid(name: str, prefix: str, separator: str) -> int | None:
     return int(number) if name.startswith(prefix) and number.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers(temp_dir: Path | None = None) -> list[Path]:
     """Delete the backend directories and shared-memory regions of launchers that no longer run;
     return what was deleted."""
@@ -164,7 +154,7 @@ def remove_leftovers(temp_dir: Path | None = None) -> list[Path]:
             continue
         for path in directory.glob(f"{prefix}*"):
             pid = _owner_pid(path.name, prefix, separator)
-            if pid is None or _alive(pid):
+            if pid is None or alive(pid):
                 continue
             try:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()

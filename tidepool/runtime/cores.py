@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tidepool.processes import SHM_DIRECTORY, alive
 from tidepool.spec import ConfigError, ModelSpec, parse_model_config
 
 SLOTS = 64
@@ -36,7 +37,6 @@ HOLD_NS = 1_000_000
 # OpenMP threads wait at each barrier for a thread the kernel has descheduled.
 MAX_WAIT_S = 0.1
 POLL_S = 0.0002
-SHARED_DIRECTORY = Path("/dev/shm")
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 
 
@@ -87,18 +87,8 @@ def share_path(server_pid: int, directory: Path | None = None) -> Path:
     """The file of one server's instances. The name starts `tidepool_<pid>_`, like the launcher's
     other shared files, so `tidepool serve` removes it once that process is gone."""
     if directory is None:
-        directory = SHARED_DIRECTORY if SHARED_DIRECTORY.is_dir() else Path("/tmp")
+        directory = SHM_DIRECTORY if SHM_DIRECTORY.is_dir() else Path("/tmp")
     return directory / f"tidepool_{server_pid}_cores"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -134,7 +124,7 @@ class CoreShare:
                     path, -1, cores, cap, shared,
                     *(np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8 * part) for part in range(3)),
                 )  # fmt: skip
-                free = [s for s in range(SLOTS) if not share._pids[s] or not _alive(int(share._pids[s]))]
+                free = [s for s in range(SLOTS) if not share._pids[s] or not alive(int(share._pids[s]))]
                 if not free:
                     share._close()
                     raise RuntimeError(f"more than {SLOTS} instances share {path}")
