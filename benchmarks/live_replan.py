@@ -11,7 +11,10 @@ Per step (throughput and p99 at its end, from Locust's history), failures, and r
 --repeats N, static and watch runs alternate N times and each step shows the median (min-max).
 
     .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
-        [--repeats 2] [--elastic-threads]
+        [--repeats 2] [--elastic-threads] [--report-dir reports/live_replan]
+
+Each run's Locust CSVs (stats, per-second history, failures) and the watcher's log lines are kept
+under --report-dir, one folder per run.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
     parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
+    parser.add_argument("--report-dir", type=Path, default=Path("reports") / time.strftime("live_replan-%Y%m%d-%H%M%S"),
+                        help="where each run's Locust CSVs and watcher lines are kept")  # fmt: skip
     args = parser.parse_args()
     budgets = Budgets(
         memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms, elastic_threads=args.elastic_threads
@@ -142,12 +147,12 @@ def main() -> None:
                 if run == "steady":
                     steps = ",".join(["8"] * len(levels))
             began = time.perf_counter()
+            report_dir = args.report_dir / f"{index:02d}-{run}"
             summary, lines, generation = served_run(
-                repository, args.model, steps, args.step_seconds, watch, root / f"report-{run}-{index}"
+                repository, args.model, steps, args.step_seconds, watch, report_dir
             )
-            per_step = steps_from_history(
-                root / f"report-{run}-{index}", args.step_seconds, [int(u) for u in steps.split(",")]
-            )
+            (report_dir / "watcher.log").write_text("".join(f"{line}\n" for line in lines))
+            per_step = steps_from_history(report_dir, args.step_seconds, [int(u) for u in steps.split(",")])
             results[run].append((summary, lines, generation, per_step, time.perf_counter() - began))
             print(f"{run}: {summary.requests} answered, {summary.failures} failed, "
                   f"plan generation {generation:.0f}", flush=True)  # fmt: skip
@@ -177,6 +182,7 @@ def main() -> None:
         (static_rps, static_p99), (watch_rps, watch_p99) = columns["static"], columns["watch"]
         print(f"{users:>6}{cell(static_rps, 1):>24}{cell(static_p99, 0):>20}"
               f"{cell(watch_rps, 1):>24}{cell(watch_p99, 0):>20}{ratio:>14.2f}")  # fmt: skip
+    print(f"Locust CSVs and watcher lines: {args.report_dir}/")
     for run in ("static", "watch", "steady"):
         for summary, lines, generation, _, seconds in results[run]:
             reloads = sum("config changed" in line for line in lines)

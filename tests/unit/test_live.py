@@ -79,6 +79,42 @@ def test_steady_traffic_between_the_thresholds_never_flaps(profiles):
     assert not decide(low_latency.label, profiles, BUDGETS, steady).change
 
 
+def waited(rate: float, queue_ms: float) -> Observation:
+    return Observation("encoder", 10.0, int(rate * 10), int(rate * 10), 0, int(rate * 10), queue_ms, 5.2, {})
+
+
+def test_requests_that_wait_for_the_one_instance_get_more_instances_at_any_rate(profiles):
+    # Two clients in a closed loop on one instance: batches of 1, each request waits for the other
+    # one's execution, and the rate stays far below the capacity that full batches would give.
+    ranked, _ = candidates(profiles, BUDGETS)
+    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
+    capacity = max(ranked, key=lambda p: p.predicted_throughput)
+    rate = 0.3 * low_latency.predicted_throughput
+    assert not decide(low_latency.label, profiles, BUDGETS, waited(rate, queue_ms=2.0)).change
+    decision = decide(low_latency.label, profiles, BUDGETS, waited(rate, queue_ms=5.0))
+    assert decision.change and decision.plan.label == capacity.label, decision.reason
+    assert "waited 5.0 ms for an instance" in decision.reason
+    # On the widest plan, waiting is what heavy traffic looks like: the rate rule decides.
+    assert not decide(capacity.label, profiles, BUDGETS, waited(rate, queue_ms=5.0)).change
+    # A poor first config whose requests wait goes straight to more instances.
+    first = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, waited(rate, queue_ms=40.0))
+    assert first.change and first.plan.instance_count == 2
+
+
+def test_back_down_only_where_requests_would_not_wait_one_at_a_time(profiles):
+    # Below 40% of the lighter plan's full-batch capacity but not of what it serves in batches of
+    # 1: going back would make requests wait there, and the next window would scale up again.
+    ranked, _ = candidates(profiles, BUDGETS)
+    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
+    capacity = max(ranked, key=lambda p: p.predicted_throughput)
+    assert low_latency.profile is not None
+    batch_one = low_latency.profile.point(1).throughput
+    assert 0.45 * batch_one < 0.4 * low_latency.predicted_throughput  # so full batches would say back
+    assert not decide(capacity.label, profiles, BUDGETS, traffic(0.45 * batch_one)).change
+    back = decide(capacity.label, profiles, BUDGETS, traffic(0.35 * batch_one))
+    assert back.change and back.plan.label == low_latency.label
+
+
 def test_a_config_not_planned_from_the_profiles_is_replaced():
     decision = decide("1x2 fp32 b1 d50ms", [variant("encoder", 2)], BUDGETS, traffic(30))
     assert decision.change and "is not a planned one" in decision.reason

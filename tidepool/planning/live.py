@@ -4,8 +4,9 @@ model's profiles and the serving overhead observed, and applying it through Trit
 API without failing a request.
 
 The rule: serve with the lowest lone-request latency that still has capacity to spare for the
-traffic observed; switch to more capacity when the traffic nears what the config serves, and back
-only when it has fallen well below: two thresholds apart, so steady traffic never flaps."""
+traffic observed; switch to more capacity when the traffic nears what the config serves or when
+requests wait for a busy instance, and back only when it has fallen well below: two thresholds
+apart, so steady traffic never flaps."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ SCALE_UP_AT = 0.75
 TARGET_LOAD = 0.5
 # ...and back to a lower-latency one only when traffic is below this share of its capacity.
 SCALE_DOWN_BELOW = 0.4
+# Requests that wait for an instance, on average, this share of an execution mean every instance is
+# busy whatever the arrival rate suggests: few clients in a closed loop never fill the batches that
+# the capacity counts on (2 clients on one instance form batches of 1 and each waits for the other).
+WAITING_AT = 0.5
 GENERATION_PARAMETER = "TIDEPOOL_PLAN_GENERATION"
 REASON_PARAMETER = "TIDEPOOL_PLAN_REASON"
 
@@ -61,6 +66,11 @@ class Observation:
     def rate(self) -> float:
         """Samples per second the server was asked for (answered and failed)."""
         return (self.inferences + self.failures) / self.window_s if self.window_s else 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """Whether requests waited for a busy instance (see WAITING_AT)."""
+        return self.compute_ms > 0 and self.queue_ms >= WAITING_AT * self.compute_ms
 
     @property
     def avg_batch(self) -> float:
@@ -156,6 +166,11 @@ class Decision:
     reason: str
 
 
+def label_instances(label: str) -> int:
+    """The instance count a config label ('2x1 fp32 b8 d0ms') names."""
+    return int(label.split("x", 1)[0])
+
+
 def served_label(config: dict[str, Any], cores: int) -> str:
     """The label (as Plan.label) of a config as the server reports it."""
     parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
@@ -180,22 +195,44 @@ def decide(
     served_profile = current.profile if current is not None and current.profile else ranked[0].profile
     assert served_profile is not None
     overhead = serving_overhead_ms(observation, served_profile)
-    capacity = {p.label: served_capacity(p, overhead) for p in ranked}
+    full_batches = {p.label: served_capacity(p, overhead) for p in ranked}
     rate = observation.rate
-    by_latency = sorted(ranked, key=lambda p: p.lone_latency_ms)
-    roomy = [p for p in by_latency if rate <= TARGET_LOAD * capacity[p.label]]
-    wanted = roomy[0] if roomy else max(ranked, key=lambda p: capacity[p.label])
+
+    def for_traffic(plans: list[Plan]) -> Plan:
+        """The lowest lone latency with capacity to spare, else the most capacity."""
+        roomy = [
+            p
+            for p in sorted(plans, key=lambda p: p.lone_latency_ms)
+            if rate <= TARGET_LOAD * full_batches[p.label]
+        ]
+        return roomy[0] if roomy else max(plans, key=lambda p: full_batches[p.label])
+
     note = f"traffic {rate:.1f} samples/s; serving adds {overhead:.1f} ms an execution to the profile"
-    if current is None:
-        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
-    load = rate / capacity[current.label] if capacity[current.label] else float("inf")
-    if load > SCALE_UP_AT and capacity[wanted.label] > capacity[current.label]:
+    served_instances = current.instance_count if current else label_instances(current_label)
+    wider = [p for p in ranked if p.instance_count > served_instances]
+    if observation.waiting and wider:
+        wanted = for_traffic(wider)
         return Decision(
             wanted, True,
-            f"{note}: {load:.0%} of {current.label}'s capacity ({capacity[current.label]:.0f}/s) > "
-            f"{SCALE_UP_AT:.0%}; {wanted.label} serves {capacity[wanted.label]:.0f}/s",
+            f"{note}; requests waited {observation.queue_ms:.1f} ms for an instance (compute "
+            f"{observation.compute_ms:.1f} ms): {wanted.label} runs {wanted.instance_count} at once",
         )  # fmt: skip
-    lighter = next((p for p in by_latency if rate < SCALE_DOWN_BELOW * capacity[p.label]), None)
+    wanted = for_traffic(ranked)
+    if current is None:
+        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
+    load = rate / full_batches[current.label] if full_batches[current.label] else float("inf")
+    if load > SCALE_UP_AT and full_batches[wanted.label] > full_batches[current.label]:
+        return Decision(
+            wanted, True,
+            f"{note}: {load:.0%} of {current.label}'s capacity ({full_batches[current.label]:.0f}/s) > "
+            f"{SCALE_UP_AT:.0%}; {wanted.label} serves {full_batches[wanted.label]:.0f}/s",
+        )  # fmt: skip
+    # Back down only where requests would not wait even one at a time: below 40% of what a plan
+    # serves in batches of 1, a queue of random arrivals waits a third of an execution on average
+    # (M/D/1: load / (2 (1 - load))), under WAITING_AT, so the next window does not scale up again.
+    one_at_a_time = {p.label: capacity(p.profile, 1, p.instance_count, overhead) for p in ranked if p.profile}
+    by_latency = sorted(ranked, key=lambda p: p.lone_latency_ms)
+    lighter = next((p for p in by_latency if rate < SCALE_DOWN_BELOW * one_at_a_time.get(p.label, 0.0)), None)
     if (
         lighter is not None
         and lighter.lone_latency_ms < current.lone_latency_ms
