@@ -5,14 +5,15 @@ real server in one run:
 2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
    Python backend (same model, same threads and instances, 2 ms delay) loaded together and
    measured level by level in turn, for --rounds rounds (the spread is printed);
-3. the grid: max_batch_size (1, 2, 4, 8) x delay (0, 2 ms) x instances/threads, each loaded once
-   (a config override), measured at every level;
+3. the grid: max_batch_size (default 1, 2, 4, 8) x delay (default 0, 2 ms) x instances/threads,
+   each loaded once (a config override), measured at every level; --grid-batches and
+   --grid-delays-ms make it the size of the search a user would run instead of planning;
 4. per level: the planned throughput against the best grid point that meets the p99 budget, and
    against both baselines; planning time against the grid's.
 
     .venv/bin/python -m benchmarks.plan_vs_grid --model encoder [--latency-budget-ms 100]
         [--levels 1,2,4,8,16] [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid]
-        [--elastic-threads]
+        [--elastic-threads] [--grid-batches 1,2,4,8,16,32] [--grid-delays-ms 0,1,2,5]
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
 from tidepool.configfile import as_dict, copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
+from tidepool.planning.planner import Budgets, candidates, precisions_to_try, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
 from tidepool.planning.verify import verify
 from tidepool.testing import MODEL_REPOSITORY
 
-GRID_BATCHES = (1, 2, 4, 8)
-GRID_DELAYS_US = (0, 2000)
 PLAIN_DELAY_US = 2000
 
 
@@ -96,11 +95,11 @@ def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
     return "dynb", "plain"
 
 
-def grid_configs(planned_dir: Path, cores: int):
+def grid_configs(planned_dir: Path, cores: int, batches: list[int], delays_us: list[int]):
     base = as_dict(read_config(planned_dir / "config.pbtxt"))
     for threads in thread_splits(cores):
-        for batch in GRID_BATCHES:
-            for delay in GRID_DELAYS_US:
+        for batch in batches:
+            for delay in delays_us:
                 config = json.loads(json.dumps(base))
                 config["name"] = "grid"
                 config["max_batch_size"] = batch
@@ -155,13 +154,17 @@ def main() -> None:
     parser.add_argument("--max-output-error", type=float, default=0.0)
     parser.add_argument("--no-grid", action="store_true", help="only the plan and the two baselines")
     parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
+    parser.add_argument("--grid-batches", default="1,2,4,8", help="the grid's max_batch_size values")
+    parser.add_argument("--grid-delays-ms", default="0,2", help="the grid's queue delays")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
+    grid_batches = [int(b) for b in args.grid_batches.split(",")]
+    grid_delays_us = [round(float(ms) * 1000) for ms in args.grid_delays_ms.split(",")]
     budgets = Budgets(
         memory_bytes=args.memory_budget_mib * 2**20, latency_ms=args.latency_budget_ms,
         max_output_error=args.max_output_error, elastic_threads=args.elastic_threads,
     )  # fmt: skip
-    precisions = ["fp32", "bf16"] if args.max_output_error > 0 else ["fp32"]
+    precisions = precisions_to_try("cpu", args.max_output_error)
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         planned_dir = repository / args.model
@@ -195,7 +198,7 @@ def main() -> None:
             grid: dict[str, list[LevelResult]] = {}
             grid_began = time.perf_counter()
             if not args.no_grid:
-                for label, config in grid_configs(planned_dir, budgets.cores):
+                for label, config in grid_configs(planned_dir, budgets.cores, grid_batches, grid_delays_us):
                     http.client.load_model("grid", config=json.dumps(config))
                     grid[label] = sweep(server, "grid", levels, args.window_s, max_windows=2)
                     figures = ", ".join(f"c={r.level:g} {r.throughput:.0f}/s" for r in grid[label])
@@ -204,8 +207,12 @@ def main() -> None:
             grid_s = time.perf_counter() - grid_began
             # The best of many noisy measurements is biased high: the best grid point of each level
             # is measured again, in turn with the planned config, as many rounds as the baselines.
-            confirmed = confirm_best(server, http, planned_dir, args, levels, grid, dict(grid_configs(
-                planned_dir, budgets.cores)), args.model) if grid else {}  # fmt: skip
+            configs = dict(grid_configs(planned_dir, budgets.cores, grid_batches, grid_delays_us))
+            confirmed = (
+                confirm_best(server, http, planned_dir, args, levels, grid, configs, args.model)
+                if grid
+                else {}
+            )
 
     budget = args.latency_budget_ms
     print(f"\n{args.model}: planned {chosen.label}; latency budget {budget} ms; "

@@ -3,8 +3,10 @@ with several shares in one process and a clock the test moves."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +14,7 @@ import pytest
 
 from tidepool.runtime import cores
 from tidepool.runtime import settings as settings_module
-from tidepool.runtime.cores import BUSY, CoreShare, oversubscribed, prepare_openmp
+from tidepool.runtime.cores import BUSY, CoreShare, at_lower_priority, oversubscribed, prepare_openmp
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.spec import parse_model_config
 
@@ -137,3 +139,15 @@ def test_openmp_spinning_is_bounded_for_elastic_instances_unless_the_user_chose(
     assert cores.os.environ[cores.SPIN_VARIABLE] == cores.ELASTIC_SPIN_COUNT
     monkeypatch.setenv(cores.SPIN_VARIABLE, "5")
     assert prepare_openmp(config(2, "2")) == "GOMP_SPINCOUNT=5 as set"
+
+
+def niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_an_instance_loads_at_a_lower_priority_and_serves_at_its_own():
+    before = niceness()
+    assert at_lower_priority(niceness, niceness=3) == min(19, before + 3)
+    assert niceness() == before  # the thread that goes on to serve
+    with pytest.raises(ValueError, match="bad model"):
+        at_lower_priority(lambda: (_ for _ in ()).throw(ValueError("bad model")))

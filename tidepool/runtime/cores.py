@@ -6,17 +6,22 @@ where the others already use every core (one took them all while it ran alone), 
 Why: on a CPU the best split of the cores depends on the load. One instance with every core
 answers a lone request fastest; one instance per core serves most under load. Elastic threads
 give a config of several instances both: a request that runs alone gets every core, and
-instances that run together split them instead of oversubscribing."""
+instances that run together split them instead of oversubscribing.
+
+Also here: a CPU instance loads at a lower priority (`at_lower_priority`), so that a reload does
+not take the cores from the instances that serve meanwhile."""
 
 from __future__ import annotations
 
 import fcntl
 import mmap
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +43,52 @@ HOLD_NS = 1_000_000
 MAX_WAIT_S = 0.1
 POLL_S = 0.0002
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
+# What a loading instance's thread adds to its nice value: importing torch and warming up take
+# seconds of CPU (2.6 s for `import torch` here), which a reload would otherwise take from the
+# requests that the old instances serve on the same cores. At 5 it gets ~1/3 of a core's share
+# against a busy nice-0 thread, and all of an idle one. TIDEPOOL_LOADING_NICENESS (in tritonserver's
+# environment) sets another value; 0 loads at full priority.
+LOADING_NICENESS = 5
+NICENESS_VARIABLE = "TIDEPOOL_LOADING_NICENESS"
+
+
+def loading_niceness() -> int:
+    value = os.environ.get(NICENESS_VARIABLE, "")
+    try:
+        return int(value) if value else LOADING_NICENESS
+    except ValueError:
+        raise ConfigError(f"{NICENESS_VARIABLE} must be a whole number (0-19), got {value!r}") from None
+
+Loaded = TypeVar("Loaded")
+
+
+def at_lower_priority(load: Callable[[], Loaded], niceness: int | None = None) -> Loaded:
+    """`load()` run in a thread of its own whose nice value is `niceness` higher; the calling
+    thread, which goes on to serve, keeps its priority (lowering it back would need privileges).
+    Threads that `load` starts inherit the lower priority: OpenMP's workers for the warm-up passes
+    end with the loading thread, and the serving thread starts its own."""
+    niceness = loading_niceness() if niceness is None else niceness
+    loaded: list[Loaded] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        thread = threading.get_native_id()
+        try:
+            if niceness:
+                os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+        except OSError:  # not Linux, or a seccomp profile that forbids it: load at full priority
+            pass
+        try:
+            loaded.append(load())
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            failed.append(error)
+
+    loader = threading.Thread(target=run, name="tidepool-load")
+    loader.start()
+    loader.join()
+    if failed:
+        raise failed[0]
+    return loaded[0]
 
 
 def usable_cores() -> int:

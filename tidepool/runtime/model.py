@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tidepool.runtime.cores import prepare_openmp
+from tidepool.runtime.cores import at_lower_priority, prepare_openmp
 from tidepool.runtime.metrics import InstanceMetrics
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
 
 if TYPE_CHECKING:  # torch loads in initialize, once the OpenMP environment is chosen
-    from tidepool.runtime.instance import Execution
+    from tidepool.runtime.instance import Execution, ModelInstance
 
 # Error codes this server's pb_utils may lack, and the nearest one it has.
 CODE_FALLBACKS = {"RESOURCE_EXHAUSTED": "INVALID_ARG"}
@@ -57,11 +57,17 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         openmp_note = prepare_openmp(config)
-        from tidepool.runtime.instance import ModelInstance
+        placement = Placement.from_triton_args(args)
 
-        # For a model served by a named Python-based backend, model_repository is the model's
-        # own directory (the one that holds config.pbtxt).
-        self.instance = ModelInstance.load(config, args["model_repository"], Placement.from_triton_args(args))
+        def load() -> ModelInstance:
+            from tidepool.runtime.instance import ModelInstance
+
+            # For a model served by a named Python-based backend, model_repository is the model's
+            # own directory (the one that holds config.pbtxt).
+            return ModelInstance.load(config, args["model_repository"], placement)
+
+        # A GPU instance loads as it always has: CUDA's current device is per thread.
+        self.instance = at_lower_priority(load) if placement.kind == "CPU" else load()
         self.metrics, metrics_note = InstanceMetrics.create(
             pb_utils, args["model_name"], args["model_instance_name"]
         )
