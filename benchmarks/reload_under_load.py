@@ -1,5 +1,5 @@
 """What one reload costs the requests served meanwhile, with the new instances loading at a lower
-priority (TIDEPOOL_LOADING_NICENESS=5, the default) and at full priority (0), on one machine:
+priority (TIDEPOOL_LOADING_NICENESS=10, the default) and at full priority (0), on one machine:
 
 per round and niceness, a fresh server (explicit model control) serving the model with 2
 instances x 1 thread; at each concurrency a closed loop for --seconds without a reload, then the
@@ -8,7 +8,7 @@ served with the reload / without, p99 with it, and how long the reload took; med
 --rounds rounds, the two niceness values alternated.
 
     .venv/bin/python -m benchmarks.reload_under_load [--model encoder] [--levels 1,4] [--seconds 12]
-        [--rounds 2] [--niceness 5,0]
+        [--rounds 2] [--niceness 10,0]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,4")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--niceness", default="5,0", help="TIDEPOOL_LOADING_NICENESS values, alternated")
+    parser.add_argument("--niceness", default="10,0", help="TIDEPOOL_LOADING_NICENESS values, alternated")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     # (niceness, level) -> [(served with reload / without, p99 with reload ms, reload s)]

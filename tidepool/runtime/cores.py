@@ -45,10 +45,13 @@ POLL_S = 0.0002
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 # What a loading instance's thread adds to its nice value: importing torch and warming up take
 # seconds of CPU (2.6 s for `import torch` here), which a reload would otherwise take from the
-# requests that the old instances serve on the same cores. At 5 it gets ~1/3 of a core's share
-# against a busy nice-0 thread, and all of an idle one. TIDEPOOL_LOADING_NICENESS (in tritonserver's
-# environment) sets another value; 0 loads at full priority.
-LOADING_NICENESS = 5
+# requests that the old instances serve on the same cores. At 10 it gets ~1/10 of a core against a
+# busy nice-0 thread (scheduler weights 110 and 1024), and all of an idle one. Measured with
+# benchmarks/reload_under_load.py (encoder, 2x1, 2 cores, one reload in 12 s of closed loop): at
+# full priority it cost 23% of the requests at concurrency 1 and 33% at 4; at 10, 11% and 12%, for a
+# reload 0.6 and 2.8 s longer.
+# TIDEPOOL_LOADING_NICENESS (in tritonserver's environment) sets another value; 0: full priority.
+LOADING_NICENESS = 10
 NICENESS_VARIABLE = "TIDEPOOL_LOADING_NICENESS"
 
 
