@@ -1,5 +1,5 @@
 """What one reload costs the requests served meanwhile, with the new instances loading at a lower
-priority (TIDEPOOL_LOADING_NICENESS=10, the default) and at full priority (0), on one machine:
+priority (TIDEPOOL_LOADING_NICENESS=10) and at full priority (0, the default), on one machine:
 
 per round and niceness, a fresh server (explicit model control) serving the model with 2
 instances x 1 thread; at each concurrency a closed loop for --seconds without a reload, then the

@@ -8,8 +8,8 @@ answers a lone request fastest; one instance per core serves most under load. El
 give a config of several instances both: a request that runs alone gets every core, and
 instances that run together split them instead of oversubscribing.
 
-Also here: a CPU instance loads at a lower priority (`at_lower_priority`), so that a reload does
-not take the cores from the instances that serve meanwhile."""
+Also here: a CPU instance can load at a lower priority (`at_lower_priority`, opt-in), so that a
+reload does not take the cores from the instances that serve meanwhile."""
 
 from __future__ import annotations
 
@@ -43,42 +43,48 @@ HOLD_NS = 1_000_000
 MAX_WAIT_S = 0.1
 POLL_S = 0.0002
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
-# What a loading instance's thread adds to its nice value: importing torch and warming up take
-# seconds of CPU (2.6 s for `import torch` here), which a reload would otherwise take from the
-# requests that the old instances serve on the same cores. At 10 it gets ~1/10 of a core against a
-# busy nice-0 thread (scheduler weights 110 and 1024), and all of an idle one. Measured with
-# benchmarks/reload_under_load.py (encoder, 2x1, 2 cores, one reload in 12 s of closed loop): at
-# full priority it cost 23% of the requests at concurrency 1 and 33% at 4; at 10, 11% and 12%, for a
-# reload 0.6 and 2.8 s longer.
-# TIDEPOOL_LOADING_NICENESS (in tritonserver's environment) sets another value; 0: full priority.
-LOADING_NICENESS = 10
+# What a loading instance's thread adds to its nice value, from TIDEPOOL_LOADING_NICENESS in
+# tritonserver's environment (default 0: load at full priority, in the stub's main thread).
+# Importing torch and warming up take seconds of CPU (2.6 s for `import torch` here), which a reload
+# takes from the requests the old instances serve on the same cores; a nice loader gives them back,
+# but under saturation it is starved and the reload that would add capacity comes late. Measured on
+# 2 cores (encoder, 2x1): at nice 10 one reload in 12 s of closed loop cost 11-12% of the requests
+# instead of 23-33% (benchmarks/reload_under_load.py), but under a Locust step load on the same
+# cores each reload took 35-40 s instead of 6-9 s, and the live re-planner served the old config
+# for three steps (docs/operations.md). So it is opt-in: for reloads that add no capacity.
 NICENESS_VARIABLE = "TIDEPOOL_LOADING_NICENESS"
 
 
 def loading_niceness() -> int:
     value = os.environ.get(NICENESS_VARIABLE, "")
     try:
-        return int(value) if value else LOADING_NICENESS
+        niceness = int(value) if value else 0
     except ValueError:
-        raise ConfigError(f"{NICENESS_VARIABLE} must be a whole number (0-19), got {value!r}") from None
+        niceness = -1
+    if not 0 <= niceness <= 19:
+        raise ConfigError(f"{NICENESS_VARIABLE} must be a whole number 0-19, got {value!r}")
+    return niceness
+
 
 Loaded = TypeVar("Loaded")
 
 
 def at_lower_priority(load: Callable[[], Loaded], niceness: int | None = None) -> Loaded:
-    """`load()` run in a thread of its own whose nice value is `niceness` higher; the calling
-    thread, which goes on to serve, keeps its priority (lowering it back would need privileges).
-    Threads that `load` starts inherit the lower priority: OpenMP's workers for the warm-up passes
-    end with the loading thread, and the serving thread starts its own."""
+    """`load()` run in a thread of its own whose nice value is `niceness` higher (default: from
+    TIDEPOOL_LOADING_NICENESS; at 0, simply `load()`). The calling thread, which goes on to serve,
+    keeps its priority (raising it back would need privileges). Threads that `load` starts inherit
+    the lower priority: OpenMP's workers for the warm-up passes end with the loading thread, and the
+    serving thread starts its own."""
     niceness = loading_niceness() if niceness is None else niceness
+    if niceness == 0:
+        return load()
     loaded: list[Loaded] = []
     failed: list[BaseException] = []
 
     def run() -> None:
         thread = threading.get_native_id()
         try:
-            if niceness:
-                os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+            os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
         except OSError:  # not Linux, or a seccomp profile that forbids it: load at full priority
             pass
         try:
