@@ -120,15 +120,6 @@ def test_a_config_not_planned_from_the_profiles_is_replaced():
     assert decision.change and "is not a planned one" in decision.reason
 
 
-def test_a_config_not_planned_whose_requests_did_not_wait_keeps_its_instance_count(profiles):
-    # One client in a closed loop: a rate near the one instance's capacity, yet nothing waited.
-    ranked, _ = candidates(profiles, BUDGETS)
-    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
-    rate = 0.9 * low_latency.predicted_throughput
-    decision = decide("1x1 fp32 b1 d50ms", profiles, BUDGETS, waited(rate, queue_ms=0.1))
-    assert decision.change and decision.plan.label == low_latency.label, decision.reason
-
-
 def test_the_served_config_is_named_as_plans_are():
     config = {
         "max_batch_size": 8,

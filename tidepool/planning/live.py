@@ -217,14 +217,9 @@ def decide(
             f"{note}; requests waited {observation.queue_ms:.1f} ms for an instance (compute "
             f"{observation.compute_ms:.1f} ms): {wanted.label} runs {wanted.instance_count} at once",
         )  # fmt: skip
-    if current is None:
-        # Requests that did not wait on this many instances will not wait on as many planned ones,
-        # whose executions are no slower: the rate of a closed loop (one client, say) can look high
-        # against the capacity and still need no more instances.
-        same = [p for p in ranked if p.instance_count == served_instances]
-        wanted = min(same, key=lambda p: p.lone_latency_ms) if same else for_traffic(ranked)
-        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
     wanted = for_traffic(ranked)
+    if current is None:
+        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
     load = rate / full_batches[current.label] if full_batches[current.label] else float("inf")
     if load > SCALE_UP_AT and full_batches[wanted.label] > full_batches[current.label]:
         return Decision(
