@@ -120,6 +120,33 @@ def test_a_config_not_planned_from_the_profiles_is_replaced():
     assert decision.change and "is not a planned one" in decision.reason
 
 
+def test_a_slow_first_config_is_judged_by_the_rate_its_clients_will_send_once_answered_sooner(profiles):
+    # One client answered in 3 lone latencies sends 3x as often once answered in one: a rate with
+    # room on the low-latency plan as observed has none once its clients speed up.
+    ranked, _ = candidates(profiles, BUDGETS)
+    low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
+    capacity = max(ranked, key=lambda p: p.predicted_throughput)
+    slow = 3 * low_latency.lone_latency_ms
+    rate = 0.3 * low_latency.predicted_throughput
+    seen = Observation("encoder", 10.0, int(rate * 10), int(rate * 10), 0, int(rate * 10), 0.1, slow, {})
+    assert not seen.waiting
+    decision = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, seen)
+    assert decision.change and decision.plan.label == capacity.label, decision.reason
+    answered_as_planned = Observation(
+        "encoder",
+        10.0,
+        int(rate * 10),
+        int(rate * 10),
+        0,
+        int(rate * 10),
+        0.0,
+        low_latency.lone_latency_ms,
+        {},
+    )
+    decision = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, answered_as_planned)
+    assert decision.plan.label == low_latency.label, decision.reason
+
+
 def test_the_served_config_is_named_as_plans_are():
     config = {
         "max_batch_size": 8,

@@ -197,13 +197,21 @@ def decide(
     overhead = serving_overhead_ms(observation, served_profile)
     full_batches = {p.label: served_capacity(p, overhead) for p in ranked}
     rate = observation.rate
+    answered_ms = observation.queue_ms + observation.compute_ms
+
+    def expected_rate(plan: Plan) -> float:
+        """Clients in a closed loop (a load test; callers that wait for each answer) send faster
+        when answered sooner: the observed rate scaled by how much sooner `plan` answers a lone
+        request, never scaled down (traffic that does not wait for answers does not slow)."""
+        answers_in_ms = plan.lone_latency_ms + overhead
+        return rate * max(1.0, answered_ms / answers_in_ms) if answers_in_ms > 0 else rate
 
     def for_traffic(plans: list[Plan]) -> Plan:
         """The lowest lone latency with capacity to spare, else the most capacity."""
         roomy = [
             p
             for p in sorted(plans, key=lambda p: p.lone_latency_ms)
-            if rate <= TARGET_LOAD * full_batches[p.label]
+            if expected_rate(p) <= TARGET_LOAD * full_batches[p.label]
         ]
         return roomy[0] if roomy else max(plans, key=lambda p: full_batches[p.label])
 
