@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tidepool.runtime.cores import at_lower_priority, prepare_openmp
+from tidepool.runtime.cores import at_lower_priority, loading_niceness, prepare_openmp
 from tidepool.runtime.metrics import InstanceMetrics
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
@@ -56,7 +56,7 @@ def responses_for(execution: Execution) -> list[Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
-        openmp_note = prepare_openmp(config)
+        notes = [prepare_openmp(config)]
         placement = Placement.from_triton_args(args)
 
         def load() -> ModelInstance:
@@ -66,8 +66,11 @@ class TritonPythonModel:
             # own directory (the one that holds config.pbtxt).
             return ModelInstance.load(config, args["model_repository"], placement)
 
-        # A GPU instance loads as it always has: CUDA's current device is per thread.
-        self.instance = at_lower_priority(load) if placement.kind == "CPU" else load()
+        # A GPU instance loads in the main thread: CUDA's current device is per thread.
+        niceness = loading_niceness() if placement.kind == "CPU" else 0
+        self.instance = at_lower_priority(load, niceness)
+        if niceness:
+            notes.append(f"loaded at nice +{niceness}")
         self.metrics, metrics_note = InstanceMetrics.create(
             pb_utils, args["model_name"], args["model_instance_name"]
         )
@@ -75,7 +78,7 @@ class TritonPythonModel:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
-            + (f"; {openmp_note}" if openmp_note else "")
+            + "".join(f"; {note}" for note in notes if note)
         )
 
     def execute(self, requests: list[Any]) -> list[Any]:
