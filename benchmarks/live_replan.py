@@ -103,8 +103,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
     parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
-    parser.add_argument("--report-dir", type=Path, default=Path("reports") / time.strftime("live_replan-%Y%m%d-%H%M%S"),
-                        help="where each run's Locust CSVs and watcher lines are kept")  # fmt: skip
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        default=Path("reports") / time.strftime("live_replan-%Y%m%d-%H%M%S"),
+        help="where each run's Locust CSVs and watcher lines are kept",
+    )
     args = parser.parse_args()
     budgets = Budgets(
         memory_bytes=1024 * 2**20, latency_ms=args.latency_budget_ms, elastic_threads=args.elastic_threads
