@@ -111,7 +111,7 @@ def test_back_down_only_where_requests_would_not_wait_one_at_a_time(profiles):
     batch_one = low_latency.profile.point(1).throughput
     assert 0.45 * batch_one < 0.4 * low_latency.predicted_throughput  # so full batches would say back
     assert not decide(capacity.label, profiles, BUDGETS, traffic(0.45 * batch_one)).change
-    back = decide(capacity.label, profiles, BUDGETS, traffic(0.35 * batch_one))
+    back = decide(capacity.label, profiles, BUDGETS, traffic(0.3 * batch_one))
     assert back.change and back.plan.label == low_latency.label
 
 

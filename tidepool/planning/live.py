@@ -237,10 +237,13 @@ def decide(
         )  # fmt: skip
     # Back down only where requests would not wait even one at a time: below 40% of what a plan
     # serves in batches of 1, a queue of random arrivals waits a third of an execution on average
-    # (M/D/1: load / (2 (1 - load))), under WAITING_AT, so the next window does not scale up again.
+    # (M/D/1: load / (2 (1 - load))), under WAITING_AT, so the next window does not scale up again;
+    # the rate is the one its clients would send there (expected_rate), as for any candidate.
     one_at_a_time = {p.label: capacity(p.profile, 1, p.instance_count, overhead) for p in ranked if p.profile}
     by_latency = sorted(ranked, key=lambda p: p.lone_latency_ms)
-    lighter = next((p for p in by_latency if rate < SCALE_DOWN_BELOW * one_at_a_time.get(p.label, 0.0)), None)
+    lighter = next(
+        (p for p in by_latency if expected_rate(p) < SCALE_DOWN_BELOW * one_at_a_time.get(p.label, 0.0)), None
+    )
     if (
         lighter is not None
         and lighter.lone_latency_ms < current.lone_latency_ms
