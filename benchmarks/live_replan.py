@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.plan_vs_grid import spread
 from tidepool.clients.locust_run import LoadSettings, run_load
 from tidepool.clients.metrics import scrape, value
 from tidepool.configfile import copy_model, read_config, write_config
@@ -164,11 +165,6 @@ def main() -> None:
                 if "config changed" in line or "planned" in line:
                     print(f"    {line}", flush=True)
 
-    def cell(values: list[float], digits: int) -> str:
-        if len(values) == 1:
-            return f"{values[0]:.{digits}f}"
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     print(
         f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; at each "
         f"step's end; median (min-max) of {args.repeats} alternated run(s)"
@@ -184,8 +180,8 @@ def main() -> None:
             )
         ratio = statistics.median(columns["watch"][0]) / max(1e-9, statistics.median(columns["static"][0]))
         (static_rps, static_p99), (watch_rps, watch_p99) = columns["static"], columns["watch"]
-        print(f"{users:>6}{cell(static_rps, 1):>24}{cell(static_p99, 0):>20}"
-              f"{cell(watch_rps, 1):>24}{cell(watch_p99, 0):>20}{ratio:>14.2f}")  # fmt: skip
+        print(f"{users:>6}{spread(static_rps, 1):>24}{spread(static_p99, 0):>20}"
+              f"{spread(watch_rps, 1):>24}{spread(watch_p99, 0):>20}{ratio:>14.2f}")  # fmt: skip
     print(f"Locust CSVs and watcher lines: {args.report_dir}/")
     for run in ("static", "watch", "steady"):
         for summary, lines, generation, _, seconds in results[run]:

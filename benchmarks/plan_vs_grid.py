@@ -33,6 +33,7 @@ from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, candidates, precisions_to_try, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
 from tidepool.planning.verify import verify
+from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 PLAIN_DELAY_US = 2000
@@ -139,8 +140,11 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
     return confirmed
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+def spread(values: list[float], digits: int = 1) -> str:
+    """'median (min-max)' of repeated figures; the figure alone when there is one."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> None:
@@ -158,7 +162,7 @@ def main() -> None:
     parser.add_argument("--grid-delays-ms", default="0,2", help="the grid's queue delays")
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
-    grid_batches = [int(b) for b in args.grid_batches.split(",")]
+    grid_batches = positive_ints(args.grid_batches, "--grid-batches")
     grid_delays_us = [round(float(ms) * 1000) for ms in args.grid_delays_ms.split(",")]
     budgets = Budgets(
         memory_bytes=args.memory_budget_mib * 2**20, latency_ms=args.latency_budget_ms,

@@ -16,17 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from benchmarks.plan_vs_grid import spread
 from tidepool.clients.closed_loop import LoadResult, run_closed_loop
 from tidepool.clients.connection import Connection
 from tidepool.configfile import as_dict, copy_model, read_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.runtime.cores import NICENESS_VARIABLE
+from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 RELOAD_AFTER_S = 2.0
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--niceness", default="10,0", help="TIDEPOOL_LOADING_NICENESS values, alternated")
     args = parser.parse_args()
-    levels = [int(level) for level in args.levels.split(",")]
+    levels = positive_ints(args.levels, "--levels")
     # (niceness, level) -> [(served with reload / without, p99 with reload ms, reload s)]
     figures: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,17 +105,14 @@ def main() -> None:
                             flush=True,
                         )
 
-    def cell(values: list[float], digits: int) -> str:
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     print(f"\n{args.model}, 2x1, one reload {RELOAD_AFTER_S:.0f} s into {args.seconds:.0f} s of closed loop; "
           f"median (min-max) of {args.rounds} rounds")  # fmt: skip
     print(f"{'niceness':>9}{'c':>4}{'served with / without reload':>32}{'p99 with reload ms':>24}"
           f"{'reload s':>20}")  # fmt: skip
     for (niceness, level), rows in sorted(figures.items()):
         ratios, p99s, took = zip(*rows, strict=True)
-        print(f"{niceness:>9}{level:>4}{cell(list(ratios), 2):>32}{cell(list(p99s), 0):>24}"
-              f"{cell(list(took), 1):>20}")  # fmt: skip
+        print(f"{niceness:>9}{level:>4}{spread(list(ratios), 2):>32}{spread(list(p99s), 0):>24}"
+              f"{spread(list(took), 1):>20}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,7 +14,14 @@ import pytest
 
 from tidepool.runtime import cores
 from tidepool.runtime import settings as settings_module
-from tidepool.runtime.cores import BUSY, CoreShare, at_lower_priority, oversubscribed, prepare_openmp
+from tidepool.runtime.cores import (
+    BUSY,
+    CoreShare,
+    at_lower_priority,
+    loading_niceness,
+    oversubscribed,
+    prepare_openmp,
+)
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.spec import ConfigError, parse_model_config
 
@@ -156,10 +163,10 @@ def test_an_instance_loads_at_a_lower_priority_and_serves_at_its_own():
 def test_loading_priority_is_full_unless_asked_and_a_bad_value_is_refused(monkeypatch):
     monkeypatch.delenv(cores.NICENESS_VARIABLE, raising=False)
     main = threading.get_native_id()
-    assert at_lower_priority(threading.get_native_id) == main  # no thread of its own
+    assert at_lower_priority(threading.get_native_id, loading_niceness()) == main  # no thread of its own
     monkeypatch.setenv(cores.NICENESS_VARIABLE, "4")
-    assert at_lower_priority(niceness) == min(19, niceness() + 4)
+    assert at_lower_priority(niceness, loading_niceness()) == min(19, niceness() + 4)
     for bad in ("fast", "-5", "20"):
         monkeypatch.setenv(cores.NICENESS_VARIABLE, bad)
         with pytest.raises(ConfigError, match="TIDEPOOL_LOADING_NICENESS must be a whole number 0-19"):
-            at_lower_priority(niceness)
+            at_lower_priority(niceness, loading_niceness())

@@ -56,26 +56,20 @@ NICENESS_VARIABLE = "TIDEPOOL_LOADING_NICENESS"
 
 
 def loading_niceness() -> int:
-    value = os.environ.get(NICENESS_VARIABLE, "")
-    try:
-        niceness = int(value) if value else 0
-    except ValueError:
-        niceness = -1
-    if not 0 <= niceness <= 19:
+    value = os.environ.get(NICENESS_VARIABLE, "").strip() or "0"
+    if not value.isdigit() or int(value) > 19:
         raise ConfigError(f"{NICENESS_VARIABLE} must be a whole number 0-19, got {value!r}")
-    return niceness
+    return int(value)
 
 
 Loaded = TypeVar("Loaded")
 
 
-def at_lower_priority(load: Callable[[], Loaded], niceness: int | None = None) -> Loaded:
-    """`load()` run in a thread of its own whose nice value is `niceness` higher (default: from
-    TIDEPOOL_LOADING_NICENESS; at 0, simply `load()`). The calling thread, which goes on to serve,
-    keeps its priority (raising it back would need privileges). Threads that `load` starts inherit
-    the lower priority: OpenMP's workers for the warm-up passes end with the loading thread, and the
-    serving thread starts its own."""
-    niceness = loading_niceness() if niceness is None else niceness
+def at_lower_priority(load: Callable[[], Loaded], niceness: int) -> Loaded:
+    """`load()` run in a thread of its own whose nice value is `niceness` higher (at 0, simply
+    `load()`). The calling thread, which goes on to serve, keeps its priority (raising it back
+    would need privileges). Threads that `load` starts inherit the lower priority: OpenMP's workers
+    for the warm-up passes end with the loading thread, and the serving thread starts its own."""
     if niceness == 0:
         return load()
     loaded: list[Loaded] = []
