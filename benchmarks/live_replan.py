@@ -7,14 +7,15 @@ machine in one run:
    `tidepool plan --from-server --watch --apply` re-planning every window;
 4. steady: the same watch under a constant load, to show it reloads once at most (no flapping).
 
-Per step (throughput and p99 at its end, from Locust's history), failures, and reloads. With
---repeats N, static and watch runs alternate N times and each step shows the median (min-max).
+Per step (throughput and p99 of the requests that finished in its last --tail seconds, from a
+log of every request), failures, and reloads. With --repeats N, static and watch runs alternate
+N times and each step shows the median (min-max).
 
     .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
         [--repeats 2] [--elastic-threads] [--report-dir reports/live_replan]
 
-Each run's Locust CSVs (stats, per-second history, failures) and the watcher's log lines are kept
-under --report-dir, one folder per run.
+Each run's Locust CSVs (stats, per-second history, failures), its request log and the watcher's
+log lines are kept under --report-dir, one folder per run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.plan_vs_grid import spread
-from tidepool.clients.locust_run import LoadSettings, run_load
+from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
 from tidepool.configfile import copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
@@ -50,21 +51,19 @@ def poor_config(model_dir: Path) -> None:
     write_config(model_dir / "config.pbtxt", config)
 
 
-def steps_from_history(
-    report_dir: Path, step_seconds: float, levels: list[int]
+def step_ends(
+    report_dir: Path, step_seconds: float, levels: list[int], tail_s: float
 ) -> list[tuple[int, float, float]]:
-    """(users, requests/s, p99 ms) at the end of each step, from Locust's per-second history."""
+    """(users, requests/s, p99 ms) of the requests that finished in the last `tail_s` of each step,
+    from the run's request log; the steps start at the first row of Locust's history."""
     with (report_dir / "locust_stats_history.csv").open() as handle:
-        rows = [row for row in csv.DictReader(handle) if row["Name"] == "Aggregated"]
-    start = float(rows[0]["Timestamp"])
+        start = float(next(csv.DictReader(handle))["Timestamp"])
+    log = RequestLog.read(report_dir)
     found = []
     for index, users in enumerate(levels):
-        end = start + (index + 1) * step_seconds - 1
-        at_end = [row for row in rows if float(row["Timestamp"]) <= end]
-        row = at_end[-1]
-        found.append(
-            (users, float(row["Requests/s"] or 0), float(row["99%"] or 0) if row["99%"] != "N/A" else 0.0)
-        )
+        end = start + (index + 1) * step_seconds
+        figures = log.window(end - tail_s, end)
+        found.append((users, figures.requests_per_s, figures.p99_ms))
     return found
 
 
@@ -83,6 +82,7 @@ def served_run(repository: Path, model: str, steps: str, step_seconds: float, wa
         settings = LoadSettings(
             model, users=max(levels), spawn_rate=64, duration=f"{int(len(levels) * step_seconds)}s",
             url=config.grpc_url, report_dir=report_dir, step_users=steps, step_seconds=step_seconds,
+            request_log=True,
         )  # fmt: skip
         summary = run_load(settings)
         generation = value(scrape(config.metrics_url), "tidepool_plan_generation", model=model)
@@ -101,6 +101,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument(
         "--steps", default=STEPS, help="users at each step, e.g. 1,1,16,16,1,1 (light, heavy, light)"
+    )
+    parser.add_argument(
+        "--tail", type=float, default=10.0, help="seconds at the end of each step that its figures cover"
     )
     parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
     parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
@@ -157,7 +160,7 @@ def main() -> None:
                 repository, args.model, steps, args.step_seconds, watch, report_dir
             )
             (report_dir / "watcher.log").write_text("".join(f"{line}\n" for line in lines))
-            per_step = steps_from_history(report_dir, args.step_seconds, [int(u) for u in steps.split(",")])
+            per_step = step_ends(report_dir, args.step_seconds, [int(u) for u in steps.split(",")], args.tail)
             results[run].append((summary, lines, generation, per_step, time.perf_counter() - began))
             print(f"{run}: {summary.requests} answered, {summary.failures} failed, "
                   f"plan generation {generation:.0f}", flush=True)  # fmt: skip
@@ -166,8 +169,9 @@ def main() -> None:
                     print(f"    {line}", flush=True)
 
     print(
-        f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; at each "
-        f"step's end; median (min-max) of {args.repeats} alternated run(s)"
+        f"\n{args.model}: Locust step load {args.steps} users, {args.step_seconds:.0f} s a step; requests "
+        f"that finished in each step's last {args.tail:g} s; median (min-max) of {args.repeats} "
+        "alternated run(s)"
     )
     print(f"{'users':>6}{'static req/s':>24}{'static p99':>20}{'watch req/s':>24}{'watch p99':>20}"
           f"{'watch/static':>14}")  # fmt: skip

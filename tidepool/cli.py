@@ -100,6 +100,7 @@ def _load(args: argparse.Namespace) -> int:
             input_data=args.input_data,
             step_users=args.step_users,
             step_seconds=args.step_seconds,
+            request_log=args.request_log,
         )
     )
     print(
@@ -412,6 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="step load: N adds N users every --step-seconds (4 steps); a list gives the users of each step",
     )
     load.add_argument("--step-seconds", type=float, default=10.0)
+    load.add_argument(
+        "--request-log",
+        action="store_true",
+        help="also keep every request (finished at, response time, ok) in requests-<pid>.csv",
+    )
     load.set_defaults(run=_load)
 
     profile = commands.add_parser("profile", help="measure memory and latency per batch size")

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tidepool.clients.locust_run import LoadSettings, run_load
+from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.sweep import Sweep, SweepSettings
 
 
@@ -53,10 +53,17 @@ def test_each_locust_user_class_records_requests_and_no_failures(server, tmp_pat
 def test_a_distributed_run_records_requests_from_both_workers(server, tmp_path):
     summary = run_load(
         LoadSettings("encoder", users=4, spawn_rate=4, duration="10s", url=server.config.grpc_url,
-                     workers=2, report_dir=tmp_path)
+                     workers=2, report_dir=tmp_path, request_log=True)
     )  # fmt: skip
     assert summary.failures == 0 and summary.requests > 0
     assert len(summary.by_worker) == 2 and all(count > 0 for count in summary.by_worker.values())
+    # The request log: one file per worker, every answered request in it, whatever window is asked.
+    assert len(list(tmp_path.glob("requests-*.csv"))) == 2
+    log = RequestLog.read(tmp_path)
+    assert int(log.ok.sum()) == summary.requests
+    whole = log.window(log.finished_s.min(), log.finished_s.max() + 1)
+    assert whole.failures == 0 and 0 < whole.p99_ms < 10_000
+    assert log.window(0, 1).requests_per_s == 0 and log.window(0, 1).p99_ms == 0
 
 
 def test_a_run_whose_requests_are_rejected_ends_non_zero_with_the_failures(server, tmp_path):
@@ -65,10 +72,12 @@ def test_a_run_whose_requests_are_rejected_ends_non_zero_with_the_failures(serve
     done = subprocess.run(
         [sys.executable, "-m", "tidepool.cli", "load", "encoder", "--url", server.config.grpc_url,
          "--users", "2", "--spawn-rate", "2", "--duration", "3s", "--input-data", str(bad),
-         "--report-dir", str(tmp_path / "report")],
+         "--report-dir", str(tmp_path / "report"), "--request-log"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 1
     assert "FAILED:" in done.stderr and "requests failed" in done.stderr
     failures = (tmp_path / "report" / "locust_failures.csv").read_text()
     assert "value 99999 is outside the allowed range" in failures
+    log = RequestLog.read(tmp_path / "report")
+    assert log.ok.size > 0 and not log.ok.any()  # every request logged, as failed

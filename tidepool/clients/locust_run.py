@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tidepool.clients.connection import DEFAULT_URLS
 from tidepool.errors import TidepoolError
 from tidepool.ports import free_port
@@ -36,6 +38,7 @@ class LoadSettings:
     input_data: str | None = None
     step_users: str | None = None  # "8": +8 users each step; "1,2,4,8": the users at each step
     step_seconds: float = 10.0
+    request_log: bool = False  # every request in report_dir/requests-<pid>.csv (see RequestLog)
 
 
 @dataclass
@@ -85,6 +88,8 @@ def run_load(settings: LoadSettings) -> LoadSummary:
     prefix = report_dir / "locust"
     env = dict(os.environ, TIDEPOOL_MODEL=settings.model, TIDEPOOL_BATCH=str(settings.batch))
     env["TIDEPOOL_WORKER_REPORT"] = str(report_dir / "workers.json")
+    if settings.request_log:
+        env["TIDEPOOL_REQUEST_LOG"] = str(report_dir.resolve())
     if settings.input_data:
         env["TIDEPOOL_INPUT_DATA"] = str(Path(settings.input_data).resolve())
     if settings.step_users:
@@ -145,3 +150,41 @@ def read_summary(report_dir: Path) -> LoadSummary:
         report_dir=report_dir,
         by_worker=by_worker,
     )
+
+
+@dataclass
+class WindowFigures:
+    """What the requests that finished in one window of a run saw."""
+
+    requests_per_s: float  # answered
+    p99_ms: float  # of the answered ones (0 when none)
+    failures: int
+
+
+@dataclass
+class RequestLog:
+    """Every request of a run with `request_log` on: when it finished (Unix s), how long it took
+    (ms), and whether it was answered; for figures over any window (a step's last seconds)."""
+
+    finished_s: np.ndarray
+    response_ms: np.ndarray
+    ok: np.ndarray
+
+    @classmethod
+    def read(cls, report_dir: Path) -> RequestLog:
+        files = sorted(report_dir.glob("requests-*.csv"))
+        if not files:
+            raise LoadError(f"no request log in {report_dir} (run with request_log on)")
+        rows = np.concatenate(
+            [np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2).reshape(-1, 3) for path in files]
+        )
+        return cls(rows[:, 0], rows[:, 1], rows[:, 2].astype(bool))
+
+    def window(self, start_s: float, end_s: float) -> WindowFigures:
+        inside = (self.finished_s >= start_s) & (self.finished_s < end_s)
+        answered = self.response_ms[inside & self.ok]
+        return WindowFigures(
+            requests_per_s=answered.size / max(1e-9, end_s - start_s),
+            p99_ms=float(np.percentile(answered, 99)) if answered.size else 0.0,
+            failures=int(np.count_nonzero(inside & ~self.ok)),
+        )

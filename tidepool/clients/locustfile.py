@@ -8,6 +8,8 @@ Chosen by environment (set by `tidepool load`, or by hand):
   TIDEPOOL_STEP_USERS, TIDEPOOL_STEP_SECONDS, TIDEPOOL_STEP_COUNT
                         a step load: +STEP_USERS every STEP_SECONDS, STEP_COUNT steps
   TIDEPOOL_WORKER_REPORT  file where the master writes the requests each worker sent
+  TIDEPOOL_REQUEST_LOG  folder where each process writes every request it sent (requests-<pid>.csv:
+                        finished at, Unix s; response time ms; ok), for figures over any window
 --host is the server address (host:port of gRPC or HTTP).
 
     TIDEPOOL_MODEL=encoder locust -f loadtests/locustfile.py --host 127.0.0.1:8001 TritonGrpcUser
@@ -23,6 +25,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TextIO  # noqa: E402
 
 from locust import LoadTestShape, User, events, task  # noqa: E402
 
@@ -130,8 +134,25 @@ def _collect(client_id, data):
     _by_worker[client_id] += data.get("tidepool_requests", 0)
 
 
+# Every request, when TIDEPOOL_REQUEST_LOG names a folder: Locust's own history keeps a rolling
+# percentile whose window is only roughly 10 s, too coarse to say what the last seconds of a step saw.
+# Opened at the first request, so that a master (which sends none) writes no file.
+_request_log: list[TextIO] = []
+if os.environ.get("TIDEPOOL_REQUEST_LOG"):
+
+    @events.request.add_listener
+    def _log_request(response_time, exception=None, **_):
+        if not _request_log:
+            path = Path(os.environ["TIDEPOOL_REQUEST_LOG"]) / f"requests-{os.getpid()}.csv"
+            _request_log.append(path.open("w", buffering=1 << 16))
+            _request_log[0].write("finished_s,response_ms,ok\n")
+        _request_log[0].write(f"{time.time():.3f},{response_time:.2f},{int(exception is None)}\n")
+
+
 @events.quitting.add_listener
 def _write_worker_report(environment, **_):
+    for log in _request_log:
+        log.close()
     path = os.environ.get("TIDEPOOL_WORKER_REPORT")
     if path and _by_worker:
         with open(path, "w") as handle:
