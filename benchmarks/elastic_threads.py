@@ -1,10 +1,11 @@
 """Elastic threads against the two fixed splits of the cores, on one real server in one run: one
 instance with every core (1xC), one instance per core (Cx1), and C instances that share the cores
-among those busy (ELASTIC_THREADS, up to C threads each). Every variant has the model's
-max_batch_size and no queue delay; levels are taken in turn across variants, --rounds rounds.
+among those busy (ELASTIC_THREADS, up to C threads each; one such variant per ELASTIC_HOLD_US of
+--holds-us). Every variant has the model's max_batch_size and no queue delay; levels are taken in
+turn across variants, --rounds rounds.
 
     .venv/bin/python -m benchmarks.elastic_threads --model encoder [--levels 1,2,4,8,16]
-        [--rounds 3] [--window-s 2]
+        [--rounds 3] [--window-s 2] [--holds-us 1000,3000]
 """
 
 from __future__ import annotations
@@ -18,23 +19,24 @@ from benchmarks.plan_vs_grid import spread, sweep
 from tidepool.clients.connection import Connection
 from tidepool.configfile import copy_model, read_config, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.runtime.cores import usable_cores
+from tidepool.runtime.cores import DEFAULT_HOLD_US, usable_cores
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 
-def variants(source: Path, repository: Path, cores: int) -> dict[str, str]:
+def variants(source: Path, repository: Path, cores: int, holds_us: list[int]) -> dict[str, str]:
     """label -> model name, each a copy of `source` with its split of the cores."""
     splits = {
-        f"1x{cores} fixed": (1, cores, "false"),
-        f"{cores}x1 fixed": (cores, 1, "false"),
-        f"{cores}x(1-{cores}) elastic": (cores, cores, "true"),
+        f"1x{cores} fixed": (1, cores, "false", DEFAULT_HOLD_US),
+        f"{cores}x1 fixed": (cores, 1, "false", DEFAULT_HOLD_US),
+        **{f"{cores}x(1-{cores}) elastic {hold}us": (cores, cores, "true", hold) for hold in holds_us},
     }
     names = {}
-    for index, (label, (instances, threads, elastic)) in enumerate(splits.items()):
+    for index, (label, (instances, threads, elastic, hold)) in enumerate(splits.items()):
         config = with_parameters(
-            read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=str(threads), ELASTIC_THREADS=elastic
-        )
+            read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=str(threads), ELASTIC_THREADS=elastic,
+            ELASTIC_HOLD_US=str(hold),
+        )  # fmt: skip
         config.name = f"v{index}"
         config.dynamic_batching.max_queue_delay_microseconds = 0
         for group in config.instance_group:
@@ -50,12 +52,17 @@ def main() -> None:
     parser.add_argument("--levels", default="1,2,4,8,16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=2.0)
+    parser.add_argument(
+        "--holds-us", default=str(DEFAULT_HOLD_US), help="ELASTIC_HOLD_US of each elastic variant"
+    )
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
-        names = variants(MODEL_REPOSITORY / args.model, repository, cores)
+        names = variants(
+            MODEL_REPOSITORY / args.model, repository, cores, positive_ints(args.holds_us, "--holds-us")
+        )
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
         figures: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
         p99: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
@@ -70,18 +77,18 @@ def main() -> None:
                         p99[label][level].append(result.p99_ms)
                         print(f"  round {round_number} c={level} {label}: {result.throughput:.1f}/s, "
                               f"p99 {result.p99_ms:.1f} ms", flush=True)  # fmt: skip
-    elastic = next(label for label in names if label.endswith("elastic"))
-    fixed = [label for label in names if label != elastic]
+    elastic = [label for label in names if "elastic" in label]
+    fixed = [label for label in names if label not in elastic]
     print(f"\n{args.model} on {cores} cores: infer/s, median (min-max) of {args.rounds} rounds; median p99")
-    print(f"{'c':>4}" + "".join(f"{label:>30}" for label in names) + f"{'elastic/best fixed':>20}")
+    print(f"{'c':>4}" + "".join(f"{label:>34}" for label in names) + "  elastic/best fixed")
     for level in levels:
         cells = "".join(
-            f"{spread(figures[label][level]) + f' p99 {statistics.median(p99[label][level]):.0f}':>30}"
+            f"{spread(figures[label][level]) + f' p99 {statistics.median(p99[label][level]):.0f}':>34}"
             for label in names
         )
         best_fixed = max(statistics.median(figures[label][level]) for label in fixed)
-        ratio = statistics.median(figures[elastic][level]) / best_fixed
-        print(f"{level:>4}{cells}{ratio:>20.3f}")
+        ratios = " ".join(f"{statistics.median(figures[label][level]) / best_fixed:.3f}" for label in elastic)
+        print(f"{level:>4}{cells}  {ratios}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from tidepool.runtime.cores import (
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.spec import ConfigError, parse_model_config
 
+HOLD_NS = cores.DEFAULT_HOLD_US * 1000
+
 
 @pytest.fixture
 def clock(monkeypatch):
@@ -33,8 +35,8 @@ def clock(monkeypatch):
     return now
 
 
-def join(tmp_path, cap=2, cores_=2) -> CoreShare:
-    return CoreShare.join(cores_, cap, server_pid=4242, directory=tmp_path)
+def join(tmp_path, cap=2, cores_=2, hold_us=cores.DEFAULT_HOLD_US) -> CoreShare:
+    return CoreShare.join(cores_, cap, hold_us, server_pid=4242, directory=tmp_path)
 
 
 def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, clock):
@@ -42,19 +44,36 @@ def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, c
     assert (first.slot, second.slot) == (0, 1)
     assert first.start() == 2  # alone
     first.stop()
-    clock[0] += cores.HOLD_NS + 1
+    clock[0] += HOLD_NS + 1
     assert second.start() == 2  # the other is idle: alone again
     assert first.start() == 1  # one core is left, and its share is one
     second.stop()
     first.stop()
-    clock[0] += cores.HOLD_NS - 1
+    clock[0] += HOLD_NS - 1
     assert first.start() == 1  # the other may be taking its next batch: still counted
     first.stop()
-    clock[0] += cores.HOLD_NS + 1
+    clock[0] += HOLD_NS + 1
     assert first.start() == 2  # now it is idle
     (tmp_path / "other").mkdir()
     alone = CoreShare.join(4, 3, server_pid=4242, directory=tmp_path / "other")
     assert alone.start() == 3  # never above TORCH_NUM_THREADS
+
+
+def test_each_instance_counts_as_busy_for_its_own_hold(tmp_path, clock):
+    slow, quick = join(tmp_path, hold_us=5000), join(tmp_path)  # ELASTIC_HOLD_US 5000 and default
+    assert slow.start() == 2
+    slow.stop()
+    clock[0] += 4_999_000
+    assert quick.start() == 1  # the slow instance may still be fetching its next batch
+    quick.stop()
+    clock[0] += 2_000  # past the slow one's hold, within the quick one's
+    assert slow.start() == 1
+    slow.stop()
+    clock[0] += HOLD_NS + 1
+    assert quick.start() == 1  # slow is held for 5 ms after its last pass
+    quick.stop()
+    clock[0] += 5_000_000
+    assert slow.start() == 2
 
 
 def test_a_pass_that_finds_every_core_taken_waits_for_them(tmp_path, clock, monkeypatch):
@@ -88,7 +107,7 @@ def test_a_dead_owners_slot_is_taken_again(tmp_path, clock):
     first._threads[1] = 1
     assert first.start() == 1
     first.stop()
-    clock[0] += cores.HOLD_NS + 1
+    clock[0] += HOLD_NS + 1
     second = join(tmp_path)
     assert second.slot == 1 and first.start() == 2
 
@@ -135,6 +154,13 @@ def test_only_instances_that_ask_for_more_than_the_cores_are_elastic(monkeypatch
     spec = parse_model_config(config(2, "2"))
     assert InstanceSettings.from_spec(spec, Placement("CPU"), lambda: False).elastic_threads
     assert not InstanceSettings.from_spec(spec, Placement("GPU"), lambda: True).elastic_threads
+    assert InstanceSettings.from_spec(spec, Placement("CPU"), lambda: False).elastic_hold_us == 1000
+    held = config(2, "2")
+    held["parameters"]["ELASTIC_HOLD_US"] = {"string_value": "3000"}
+    assert InstanceSettings.from_spec(parse_model_config(held), Placement("CPU")).elastic_hold_us == 3000
+    held["parameters"]["ELASTIC_HOLD_US"] = {"string_value": "3ms"}
+    with pytest.raises(ConfigError, match="ELASTIC_HOLD_US: expected an integer, got '3ms'"):
+        InstanceSettings.from_spec(parse_model_config(held), Placement("CPU"))
 
 
 def test_openmp_spinning_is_bounded_for_elastic_instances_unless_the_user_chose(monkeypatch):

@@ -33,10 +33,11 @@ SLOTS = 64
 # and the threads its forward pass runs with now (0: none).
 FILE_BYTES = SLOTS * 8 * 3
 BUSY = 2**63 - 1  # "until further notice": computing now
-# An instance counts as busy this long after its forward pass: a saturated instance takes its
-# next batch within it, so another instance that starts meanwhile does not take its cores and
-# then share them three ways. A lone request (client round trip: milliseconds) finds it idle.
-HOLD_NS = 1_000_000
+# An instance counts as busy this long after its forward pass (by default; ELASTIC_HOLD_US sets it
+# per model): a saturated instance takes its next batch within it, so another instance that starts
+# meanwhile does not take its cores and then share them three ways. A lone request (client round
+# trip: milliseconds) finds it idle.
+DEFAULT_HOLD_US = 1000
 # A forward pass that finds every core taken waits this long at most, polling, before it runs on
 # one thread anyway: waiting for a pass that holds every core beats sharing them three ways, where
 # OpenMP threads wait at each barrier for a thread the kernel has descheduled.
@@ -153,6 +154,7 @@ class CoreShare:
     slot: int
     cores: int
     cap: int  # TORCH_NUM_THREADS: never more threads than this
+    hold_ns: int  # how long this instance counts as busy after a forward pass
     _file: mmap.mmap
     _pids: np.ndarray[Any, np.dtype[np.int64]]
     _busy_until: np.ndarray[Any, np.dtype[np.int64]]
@@ -160,7 +162,12 @@ class CoreShare:
 
     @classmethod
     def join(
-        cls, cores: int, cap: int, server_pid: int | None = None, directory: Path | None = None
+        cls,
+        cores: int,
+        cap: int,
+        hold_us: int = DEFAULT_HOLD_US,
+        server_pid: int | None = None,
+        directory: Path | None = None,
     ) -> CoreShare:
         """Take a free slot (or one whose owner died). `server_pid` defaults to the parent
         process: a Triton Python stub is a child of tritonserver."""
@@ -175,7 +182,7 @@ class CoreShare:
                     os.ftruncate(fd, FILE_BYTES)
                 shared = mmap.mmap(fd, FILE_BYTES)
                 share = cls(
-                    path, -1, cores, cap, shared,
+                    path, -1, cores, cap, hold_us * 1000, shared,
                     *(np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8 * part) for part in range(3)),
                 )  # fmt: skip
                 free = [s for s in range(SLOTS) if not share._pids[s] or not alive(int(share._pids[s]))]
@@ -211,7 +218,7 @@ class CoreShare:
 
     def stop(self) -> None:
         self._threads[self.slot] = 0
-        self._busy_until[self.slot] = time.monotonic_ns() + HOLD_NS
+        self._busy_until[self.slot] = time.monotonic_ns() + self.hold_ns
 
     def leave(self) -> None:
         """Free the slot; the last instance to leave removes the file."""

@@ -93,7 +93,9 @@ class ModelInstance:
         )
         # Elastic threads: a forward pass takes the cores that no other busy instance uses.
         self.core_share = (
-            CoreShare.join(usable_cores(), settings.torch_threads) if settings.elastic_threads else None
+            CoreShare.join(usable_cores(), settings.torch_threads, settings.elastic_hold_us)
+            if settings.elastic_threads
+            else None
         )
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)

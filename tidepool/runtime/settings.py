@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidepool.runtime.cores import oversubscribed, usable_cores
+from tidepool.runtime.cores import DEFAULT_HOLD_US, oversubscribed, usable_cores
 from tidepool.spec import ConfigError, ModelSpec, positive_ints
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -85,6 +85,9 @@ class InstanceSettings:
     # the busy ones (runtime/cores.py).
     elastic_threads: bool
     allow_nonfinite: bool
+    # Elastic threads: how long an instance still counts as busy after its forward pass (see
+    # runtime/cores.py, HOLD_US); ELASTIC_HOLD_US.
+    elastic_hold_us: int
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
     pool_enabled: bool
@@ -139,6 +142,7 @@ class InstanceSettings:
             elastic_threads=device == "cpu"
             and model.choice_param("ELASTIC_THREADS", ("true", "false"), "false") == "true"
             and oversubscribed(model, usable_cores()),
+            elastic_hold_us=model.int_param("ELASTIC_HOLD_US", DEFAULT_HOLD_US),
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
             precision=precision,
