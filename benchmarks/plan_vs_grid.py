@@ -1,7 +1,8 @@
 """The planned config at every load level, against a grid of configs and two baselines, on one
 real server in one run:
 
-1. `tidepool plan --verify` (profile at each thread split, rank, serve the top candidates), timed;
+1. `tidepool plan --verify --write` as a user runs it (profile at each thread split and precision
+   allowed, rank, serve the top candidates), timed;
 2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
    Python backend (same model, same threads and instances, 2 ms delay) loaded together and
    measured level by level in turn, for --rounds rounds (the spread is printed);
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,9 +34,8 @@ from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
 from tidepool.configfile import as_dict, copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.planning.planner import Budgets, candidates, precisions_to_try, thread_splits, write_plan
-from tidepool.planning.profiler import profile_model
-from tidepool.planning.verify import verify
+from tidepool.planning.live import served_label
+from tidepool.planning.planner import thread_splits
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
@@ -53,22 +56,24 @@ def sweep(
     return Sweep(settings).run()
 
 
-def plan_model(model_dir: Path, budgets: Budgets, precisions: list[str], levels: list[int], window_s: float):
-    """What `tidepool plan --verify --write` does; returns the chosen plan and the seconds it took."""
+def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
+    """`tidepool plan --verify --write` as a user runs it (its own profile and verification
+    defaults); the chosen config's label and the seconds planning took."""
     began = time.perf_counter()
-    profiles = [
-        profile_model(
-            model_dir, (1, 2, 4, 8, 16), precision=precision, torch_threads=threads, max_seconds_per_point=1.5
-        )
-        for threads in thread_splits(budgets.cores)
-        for precision in precisions
-    ]
-    ranked, _ = candidates(profiles, budgets)
-    verification = verify(model_dir, ranked[:3], budgets, levels, window_s)
-    chosen = ranked[verification.chosen]
-    write_plan(model_dir, budgets, chosen, verification.header_notes())
-    print(verification.table(), flush=True)
-    return chosen, time.perf_counter() - began
+    command = [
+        sys.executable, "-m", "tidepool.cli", "plan", str(model_dir), "--verify", "--write",
+        "--latency-budget-ms", str(args.latency_budget_ms), "--memory-budget", f"{args.memory_budget_mib}MiB",
+        "--max-output-error", str(args.max_output_error), "--levels", args.levels,
+        "--report-dir", str(model_dir.parent / "verification"),
+        *(["--elastic-threads"] if args.elastic_threads else []),
+    ]  # fmt: skip
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    print(done.stdout, flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"tidepool plan failed ({done.returncode}):\n{done.stderr}")
+    seconds = time.perf_counter() - began
+    label = served_label(as_dict(read_config(model_dir / "config.pbtxt")), os.cpu_count() or 1)
+    return label, seconds
 
 
 def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
@@ -164,17 +169,13 @@ def main() -> None:
     levels = [int(level) for level in args.levels.split(",")]
     grid_batches = positive_ints(args.grid_batches, "--grid-batches")
     grid_delays_us = [round(float(ms) * 1000) for ms in args.grid_delays_ms.split(",")]
-    budgets = Budgets(
-        memory_bytes=args.memory_budget_mib * 2**20, latency_ms=args.latency_budget_ms,
-        max_output_error=args.max_output_error, elastic_threads=args.elastic_threads,
-    )  # fmt: skip
-    precisions = precisions_to_try("cpu", args.max_output_error)
+    cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         planned_dir = repository / args.model
         copy_model(MODEL_REPOSITORY / args.model, planned_dir)
-        chosen, planning_s = plan_model(planned_dir, budgets, precisions, levels, args.window_s)
-        print(f"planned {chosen.label} in {planning_s:.0f} s", flush=True)
+        chosen, planning_s = plan_model(planned_dir, args)
+        print(f"planned {chosen} in {planning_s:.0f} s", flush=True)
         dynb, plain = baseline_dirs(repository, planned_dir)
         copy_model(planned_dir, repository / "grid")
 
@@ -202,7 +203,7 @@ def main() -> None:
             grid: dict[str, list[LevelResult]] = {}
             grid_began = time.perf_counter()
             if not args.no_grid:
-                for label, config in grid_configs(planned_dir, budgets.cores, grid_batches, grid_delays_us):
+                for label, config in grid_configs(planned_dir, cores, grid_batches, grid_delays_us):
                     http.client.load_model("grid", config=json.dumps(config))
                     grid[label] = sweep(server, "grid", levels, args.window_s, max_windows=2)
                     figures = ", ".join(f"c={r.level:g} {r.throughput:.0f}/s" for r in grid[label])
@@ -211,7 +212,7 @@ def main() -> None:
             grid_s = time.perf_counter() - grid_began
             # The best of many noisy measurements is biased high: the best grid point of each level
             # is measured again, in turn with the planned config, as many rounds as the baselines.
-            configs = dict(grid_configs(planned_dir, budgets.cores, grid_batches, grid_delays_us))
+            configs = dict(grid_configs(planned_dir, cores, grid_batches, grid_delays_us))
             confirmed = (
                 confirm_best(server, http, planned_dir, args, levels, grid, configs, args.model)
                 if grid
@@ -219,7 +220,7 @@ def main() -> None:
             )
 
     budget = args.latency_budget_ms
-    print(f"\n{args.model}: planned {chosen.label}; latency budget {budget} ms; "
+    print(f"\n{args.model}: planned {chosen}; latency budget {budget} ms; "
           f"median (min-max) of {args.rounds} rounds, infer/s")  # fmt: skip
     print(f"{'c':>4}{'planned':>22}{'dynamic_batching {}':>22}{'plain python 2ms':>22}"
           f"{'best grid (meets p99)':>36}{'planned/grid':>14}{'planned/dynb':>14}"

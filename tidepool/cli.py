@@ -126,7 +126,12 @@ def int_list(text: str) -> list[int]:
 
 
 def _measure(
-    args: argparse.Namespace, model_dir: Path, precision: str, threads: int | None, trace: Path | None = None
+    args: argparse.Namespace,
+    model_dir: Path,
+    precision: str,
+    threads: int | None,
+    trace: Path | None = None,
+    known_output_difference: dict[str, float] | None = None,
 ) -> Any:
     """One profile of the model, as `tidepool profile` and `tidepool plan` take it."""
     from tidepool.planning.profiler import profile_model
@@ -141,6 +146,7 @@ def _measure(
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
         trace_path=trace,
         progress=progress_printer,
+        known_output_difference=known_output_difference,
     )
 
 
@@ -190,12 +196,18 @@ def _plan(args: argparse.Namespace) -> int:
         splits = args.threads_to_try or (
             thread_splits(budgets.cores) if args.device == "cpu" else [budgets.cores]
         )
+        from tidepool.planning.profiler import profiles_to_plan
+
         precisions = precisions_to_try(args.device, args.max_output_error)
         print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
-        profiles = [
-            _measure(args, model_dir, precision, threads) for threads in splits for precision in precisions
-        ]
+        profiles, screens = profiles_to_plan(
+            model_dir, splits, precisions, args.max_output_error,
+            lambda precision, threads, known: _measure(args, model_dir, precision, threads, None, known),
+            device=args.device, progress=progress_printer,
+        )  # fmt: skip
         print(file=sys.stderr)
+        for screen in screens:
+            print(f"{screen.precision}: {screen.reason}" + ("" if screen.kept else "; not profiled"))
     if args.from_server:
         return _replan_live(args, model_dir, profiles, budgets)
     try:

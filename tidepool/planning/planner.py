@@ -14,7 +14,7 @@ from pathlib import Path
 from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, write_config
 from tidepool.errors import TidepoolError
 from tidepool.machine import planned_on_line
-from tidepool.planning.profile import BatchPoint, Profile
+from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
 
 MIB = 2**20
 # A size is "clearly faster" when its throughput beats the next larger size's by this much.
@@ -266,7 +266,7 @@ def capacity(profile: Profile, max_batch_size: int, instances: int, overhead_ms:
 
 def output_error(profile: Profile) -> float:
     """The largest absolute difference of the profile's outputs from fp32's (0 for fp32)."""
-    return max((v for k, v in profile.output_difference.items() if k.endswith("_max_abs")), default=0.0)
+    return max_abs_difference(profile.output_difference)
 
 
 def plan_for(profile: Profile, budgets: Budgets) -> Plan:

@@ -17,6 +17,11 @@ class ProfileFileError(TidepoolError):
     """A profile file that cannot be read back."""
 
 
+def max_abs_difference(output_difference: dict[str, float]) -> float:
+    """The largest absolute difference from fp32 over a model's outputs (0 when none was measured)."""
+    return max((v for k, v in output_difference.items() if k.endswith("_max_abs")), default=0.0)
+
+
 @dataclass
 class BatchPoint:
     batch: int

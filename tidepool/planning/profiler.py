@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import describe_machine
 from tidepool.planning.memory_tracker import TensorMemoryTracker
-from tidepool.planning.profile import BatchPoint, Profile
+from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
 from tidepool.runtime.instance import ModelInstance
 
 
@@ -106,12 +107,8 @@ def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_
     )
 
 
-def output_difference(
-    model_dir: Path, device: str, precision: str, batch: int, torch_threads: int | None = None
-) -> dict[str, float]:
-    """How far `precision`'s outputs are from fp32's on the same inputs."""
-    low = _instance(model_dir, [batch], device, precision, torch_threads)
-    full = _instance(model_dir, [batch], device, "fp32", torch_threads)
+def _differences(low: ModelInstance, full: ModelInstance, precision: str, batch: int) -> dict[str, float]:
+    """How far `low`'s outputs are from `full`'s (fp32) on the same `batch` requests."""
     requests = _rows(full, batch, seed=7)
     differences: dict[str, float] = {}
     ours_all, reference_all = low.execute(requests).results, full.execute(requests).results
@@ -129,9 +126,87 @@ def output_difference(
             differences[f"{name}_rel_l2"] = max(
                 differences.get(f"{name}_rel_l2", 0.0), float(np.linalg.norm(ours - reference)) / scale
             )
-    low.close()
-    full.close()
     return differences
+
+
+def output_difference(
+    model_dir: Path, device: str, precision: str, batch: int, torch_threads: int | None = None
+) -> dict[str, float]:
+    """How far `precision`'s outputs are from fp32's on the same inputs."""
+    low = _instance(model_dir, [batch], device, precision, torch_threads)
+    full = _instance(model_dir, [batch], device, "fp32", torch_threads)
+    try:
+        return _differences(low, full, precision, batch)
+    finally:
+        low.close()
+        full.close()
+
+
+# A lower precision is profiled only when it is at least this much faster than fp32: otherwise it
+# changes the numerics for nothing (bf16 on a CPU without bf16 instructions is slower than fp32).
+SPEEDUP_TO_KEEP = 1.05
+
+
+@dataclass
+class PrecisionScreen:
+    """Whether a lower precision is worth profiling, from two cheap measurements against fp32."""
+
+    precision: str
+    output_difference: dict[str, float]
+    speedup: float  # its samples/s over fp32's at `batch`, same threads (0: not timed)
+    batch: int
+    kept: bool
+    reason: str
+
+    @property
+    def output_error(self) -> float:
+        return max_abs_difference(self.output_difference)
+
+
+def _samples_per_s(instance: ModelInstance, requests: list[dict[str, np.ndarray]], seconds: float) -> float:
+    passes, began = 0, time.perf_counter()
+    while passes < 3 or time.perf_counter() - began < seconds:
+        instance.execute(requests)
+        passes += 1
+    return passes * len(requests) / (time.perf_counter() - began)
+
+
+def screen_precision(
+    model_dir: Path,
+    device: str,
+    precision: str,
+    max_output_error: float,
+    batch: int = 8,
+    torch_threads: int | None = None,
+    seconds: float = 2.0,
+) -> PrecisionScreen:
+    """Its outputs against fp32's (over the budget: not kept), then its speed against fp32's at
+    `batch`, the two timed in turn (three rounds, so that drift falls on both)."""
+    low = _instance(model_dir, [batch], device, precision, torch_threads)
+    full = _instance(model_dir, [batch], device, "fp32", torch_threads)
+    try:
+        difference = _differences(low, full, precision, batch)
+        screen = PrecisionScreen(precision, difference, 0.0, batch, False, "")
+        if screen.output_error > max_output_error:
+            error = screen.output_error
+            screen.reason = f"outputs differ from fp32 by {error:.3g} > --max-output-error {max_output_error}"
+            return screen
+        requests = _rows(full, batch, seed=batch)
+        rates: dict[str, list[float]] = {"fp32": [], precision: []}
+        for _ in range(3):
+            for name, instance in (("fp32", full), (precision, low)):
+                rates[name].append(_samples_per_s(instance, requests, seconds / 6))
+        screen.speedup = float(np.median(rates[precision]) / np.median(rates["fp32"]))
+        screen.kept = screen.speedup >= SPEEDUP_TO_KEEP
+        screen.reason = (
+            f"outputs within {screen.output_error:.3g} of fp32, "
+            f"{screen.speedup:.2f}x its speed at batch {batch}"
+            + ("" if screen.kept else f" (< {SPEEDUP_TO_KEEP}x: not worth changing the numerics)")
+        )
+        return screen
+    finally:
+        low.close()
+        full.close()
 
 
 def profile_model(
@@ -146,7 +221,10 @@ def profile_model(
     max_seconds_per_point: float = 3.0,
     trace_path: Path | None = None,
     progress: Callable[[str], None] = lambda text: None,
+    known_output_difference: dict[str, float] | None = None,
 ) -> Profile:
+    """Every batch size in turn (stopping at the latency or memory limit); for a precision other
+    than fp32, also its outputs against fp32's (`known_output_difference` spares measuring them again)."""
     model_dir = Path(model_dir)
     began = time.perf_counter()
     instance = _instance(model_dir, batch_sizes, device, precision, torch_threads)
@@ -182,7 +260,9 @@ def profile_model(
     if trace_path is not None:
         _trace(instance, profile.points[-1].batch, trace_path)
     instance.close()
-    if precision != "fp32":
+    if precision != "fp32" and known_output_difference is not None:
+        profile.output_difference = dict(known_output_difference)
+    elif precision != "fp32":
         progress(f"comparing {precision} outputs with fp32")
         profile.output_difference = output_difference(
             model_dir, device, precision, min(4, max(batch_sizes)), torch_threads
@@ -201,3 +281,34 @@ def _trace(instance: ModelInstance, batch: int, path: Path) -> None:
         instance.execute(requests).release()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
+
+
+def profiles_to_plan(
+    model_dir: Path,
+    splits: Sequence[int],
+    precisions: Sequence[str],
+    max_output_error: float,
+    measure: Callable[[str, int, dict[str, float] | None], Profile],
+    device: str = "cpu",
+    progress: Callable[[str], None] = lambda text: None,
+) -> tuple[list[Profile], list[PrecisionScreen]]:
+    """The profiles a plan chooses from: fp32 at every split (torch threads per instance), and each
+    lower precision at every split only where its screen (outputs within the budget, faster than
+    fp32; measured at the first split) keeps it. `measure(precision, threads, known output
+    difference)` takes one profile. Also the screens, to say why a precision was left out."""
+    screens = []
+    for precision in precisions:
+        if precision == "fp32":
+            continue
+        progress(f"screening {precision} against fp32 ({splits[0]} threads)")
+        screen = screen_precision(model_dir, device, precision, max_output_error, torch_threads=splits[0])
+        progress(f"{precision}: {screen.reason}")
+        screens.append(screen)
+    kept = {s.precision: s.output_difference for s in screens if s.kept}
+    profiles = [
+        measure(precision, threads, kept.get(precision))
+        for threads in splits
+        for precision in precisions
+        if precision == "fp32" or precision in kept
+    ]
+    return profiles, screens
