@@ -3,15 +3,23 @@ edits a person or a tool like Model Analyzer makes (max_batch_size, instance cou
 
 from __future__ import annotations
 
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from tidepool.clients.connection import Connection
-from tidepool.configfile import copy_model, read_config
+from tidepool.configfile import as_dict, copy_model, read_config
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.planning.live import served_label
 from tidepool.planning.planner import Budgets, plan, write_plan
+from tidepool.planning.profile import Profile
 from tidepool.planning.profiler import profile_model
 from tidepool.testing import MODEL_REPOSITORY
 
+PROFILES = Path(__file__).parents[1] / "unit" / "profiles"
 EDITS = {
     **{f"encoder_mbs{size}": {"max_batch_size": size} for size in (1, 2, 4, 16, 32, 128)},
     "encoder_two": {"instances": 2},
@@ -56,3 +64,35 @@ def test_a_planned_config_serves_as_written_and_after_model_analyzer_style_edits
                 ids = np.arange(rows * 128, dtype=np.int32).reshape(rows, 128) % 1000
                 assert grpc.infer(name, {"INPUT_IDS": ids}, spec)["EMBEDDING"].shape == (rows, 256), name
     assert states == dict.fromkeys(["encoder", *EDITS], "READY")
+
+
+def test_plan_verify_serves_each_candidate_at_each_level_and_writes_the_chosen_one(tmp_path):
+    """`tidepool plan --verify` end to end from two saved profiles (a 1x2 and a 2x1 candidate): each
+    is loaded on a real server and measured at each level; the table, CSV and PNG are written, and
+    config.pbtxt carries the chosen candidate with what verification measured."""
+    model_dir = tmp_path / "encoder"
+    copy_model(MODEL_REPOSITORY / "encoder", model_dir)
+    recorded = Profile.from_json((PROFILES / "encoder_cpu.json").read_text())
+    one_thread = Profile.from_json(recorded.to_json())
+    one_thread.torch_threads = 1
+    paths = []
+    for profile in (recorded, one_thread):
+        paths += ["--profile", str(tmp_path / f"p{profile.torch_threads}.json")]
+        Path(paths[-1]).write_text(profile.to_json())
+    done = subprocess.run(
+        [sys.executable, "-m", "tidepool.cli", "plan", str(model_dir), *paths, "--cores", "2",
+         "--memory-budget", "1GiB", "--latency-budget-ms", "200", "--verify", "--levels", "1,2",
+         "--window-s", "1", "--write", "--report-dir", str(tmp_path / "report")],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with (tmp_path / "report" / "verification.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    labels = {row["candidate"] for row in rows}
+    assert len(labels) == 2 and {row["concurrency"] for row in rows} == {"1", "2"} and len(rows) == 4
+    assert all(float(row["throughput"]) > 0 and row["errors"] == "0" for row in rows)
+    assert (tmp_path / "report" / "verification.png").stat().st_size > 0
+    [line] = [line for line in done.stdout.splitlines() if line.endswith("<- chosen")]
+    [chosen] = [label for label in labels if line.startswith(label)]
+    assert served_label(as_dict(read_config(model_dir / "config.pbtxt")), cores=2) == chosen
+    assert "Verified on a real server" in (model_dir / "config.pbtxt").read_text()

@@ -231,3 +231,32 @@ def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():
     config = planned_config(read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt"), ranked[0])
     assert config.parameters["PRECISION"].string_value == "bf16"
     assert config.parameters["TORCH_NUM_THREADS"].string_value == "2"
+
+
+def test_verification_picks_the_most_levels_in_budget_then_the_best_worst_level():
+    from tidepool.planning.verify import LevelFigures, choose
+
+    one_big, two_small, three = (plan(variant("encoder", threads), BUDGETS_2_CORES) for threads in (2, 1, 2))
+    three.max_batch_size = 1  # another label
+    plans = [one_big, two_small, three]
+
+    def measured(rows: dict[int, list[tuple[float, float]]]) -> list[LevelFigures]:
+        """level -> (throughput, p99) of each plan in turn."""
+        return [
+            LevelFigures(plans[i].label, level, rate, 0.0, p99, 0, 1.0, p99 <= 200)
+            for level, cells in rows.items()
+            for i, (rate, p99) in enumerate(cells)
+        ]
+
+    # Two fast at one level, slow at another; the third 0.9 of the best everywhere: the worst
+    # level decides, although the first has the best mean (1.0, 0.6, 1.0 vs 0.9, 0.9, 0.9).
+    figures = measured({1: [(100, 20), (60, 30), (90, 20)], 2: [(60, 40), (100, 30), (90, 40)],
+                        4: [(100, 60), (100, 60), (90, 60)]})  # fmt: skip
+    assert choose(plans, figures) == 2
+    # Within the latency budget at more levels wins over any throughput.
+    figures = measured({1: [(100, 20), (60, 30), (90, 250)], 2: [(60, 40), (100, 30), (90, 40)]})
+    assert choose(plans, figures) in (0, 1)
+    assert (
+        choose(plans, measured({1: [(100, 20), (99, 30), (50, 20)], 2: [(100, 40), (100, 30), (99, 40)]}))
+        == 0
+    )
