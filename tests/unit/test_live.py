@@ -7,6 +7,7 @@ import pytest
 
 from tests.unit.test_planner import variant
 from tidepool.planning.live import (
+    CAPACITY_MARGIN,
     Observation,
     decide,
     difference,
@@ -115,6 +116,23 @@ def test_back_down_only_where_requests_would_not_wait_one_at_a_time(profiles):
     assert back.change and back.plan.label == low_latency.label
 
 
+def test_plans_of_nearly_equal_capacity_do_not_swap_at_each_window():
+    # 1x2 and 2x1 within 4% of each other: the queue signal moves to 2x1, and near 2x1's capacity
+    # the 4% more of 1x2 is not worth a reload (seen live: 12 reloads in 3 minutes without the margin).
+    profiles = [variant("encoder", 2), variant("encoder", 1, speed=0.6)]
+    ranked, _ = candidates(profiles, BUDGETS)
+    one = next(p for p in ranked if p.instance_count == 1)
+    two = next(p for p in ranked if p.instance_count == 2)
+    assert 1.0 < two.predicted_throughput / one.predicted_throughput < CAPACITY_MARGIN
+    rate = 0.3 * one.predicted_throughput
+    moved = decide(one.label, profiles, BUDGETS, waited(rate, queue_ms=20.0))
+    assert moved.change and moved.plan.label == two.label
+    for load in (0.8, 0.9, 0.95):
+        stay = decide(two.label, profiles, BUDGETS, traffic(load * two.predicted_throughput))
+        assert not stay.change, stay.reason
+        assert not decide(one.label, profiles, BUDGETS, traffic(load * one.predicted_throughput)).change
+
+
 def test_a_config_not_planned_from_the_profiles_is_replaced():
     decision = decide("1x2 fp32 b1 d50ms", [variant("encoder", 2)], BUDGETS, traffic(30))
     assert decision.change and "is not a planned one" in decision.reason
@@ -179,13 +197,23 @@ def test_serving_overhead_overlaps_across_instances_so_it_can_favour_more_of_the
     one = next(p for p in ranked if p.torch_threads == 2)
     two = next(p for p in ranked if p.torch_threads == 1)
     assert served_capacity(two, 0.0) == pytest.approx(served_capacity(one, 0.0))
-    # ...but each execution taking 20 ms more when served (as the statistics show) is overlapped by
-    # the second instance: near the served config's capacity, the watcher moves to two.
+    # ...but each execution taking 60 ms more when served (as the statistics show) is overlapped by
+    # the second instance: near the served config's capacity, the watcher moves to two (which serve
+    # more than CAPACITY_MARGIN times as much then).
     point = one.profile.point(16)
+    rate = 0.9 * served_capacity(one, 60.0)
     busy = Observation(
-        "encoder", 10.0, 1800, 1800, 0, 100, 1.0, 0.0, {16: (100, point.latency_p50_ms + 20.0)}
+        "encoder",
+        10.0,
+        int(rate * 10),
+        int(rate * 10),
+        0,
+        100,
+        1.0,
+        0.0,
+        {16: (100, point.latency_p50_ms + 60.0)},
     )
-    assert serving_overhead_ms(busy, one.profile) == pytest.approx(20.0)
-    assert served_capacity(two, 20.0) > served_capacity(one, 20.0)
+    assert serving_overhead_ms(busy, one.profile) == pytest.approx(60.0)
+    assert served_capacity(two, 60.0) > CAPACITY_MARGIN * served_capacity(one, 60.0)
     decision = decide(one.label, profiles, loose, busy)
     assert decision.change and decision.plan.torch_threads == 1, decision.reason

@@ -36,6 +36,11 @@ SCALE_UP_AT = 0.75
 TARGET_LOAD = 0.5
 # ...and back to a lower-latency one only when traffic is below this share of its capacity.
 SCALE_DOWN_BELOW = 0.4
+# A plan with more capacity replaces the served one only when it serves at least this much more:
+# capacities come from profiles that vary 10-15% between runs on a shared machine, and two plans
+# within that of each other (1x2 and 2x1 of encoder: 102 and 98/s) would otherwise swap at every
+# window, one chosen for its capacity and the other because requests waited for an instance.
+CAPACITY_MARGIN = 1.15
 # Requests that wait for an instance, on average, this share of an execution mean every instance is
 # busy whatever the arrival rate suggests: few clients in a closed loop never fill the batches that
 # the capacity counts on (2 clients on one instance form batches of 1 and each waits for the other).
@@ -229,7 +234,7 @@ def decide(
     if current is None:
         return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
     load = rate / full_batches[current.label] if full_batches[current.label] else float("inf")
-    if load > SCALE_UP_AT and full_batches[wanted.label] > full_batches[current.label]:
+    if load > SCALE_UP_AT and full_batches[wanted.label] >= CAPACITY_MARGIN * full_batches[current.label]:
         return Decision(
             wanted, True,
             f"{note}: {load:.0%} of {current.label}'s capacity ({full_batches[current.label]:.0f}/s) > "
