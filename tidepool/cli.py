@@ -144,6 +144,7 @@ def _measure(
         torch_threads=threads,
         max_latency_ms=args.max_latency_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+        max_seconds_per_point=args.seconds_per_point,
         trace_path=trace,
         progress=progress_printer,
         known_output_difference=known_output_difference,
@@ -308,6 +309,12 @@ def _add_profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
     parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
+    parser.add_argument(
+        "--seconds-per-point",
+        type=float,
+        default=1.5,
+        help="time each batch size for about this long, at least 10 passes (default: %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -483,7 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1, 2, 4, 8, 16],
         help="closed-loop concurrency levels (default: 1,...,16)",
     )
-    plan.add_argument("--window-s", type=float, default=3.0, help="measurement window per level")
+    plan.add_argument(
+        "--window-s", type=float, default=2.0, help="measurement window per level (default: %(default)s)"
+    )
     plan.add_argument(
         "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
     )

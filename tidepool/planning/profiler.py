@@ -218,7 +218,7 @@ def profile_model(
     max_latency_ms: float | None = None,
     memory_limit_bytes: int | None = None,
     min_iterations: int = 10,
-    max_seconds_per_point: float = 3.0,
+    max_seconds_per_point: float = 1.5,
     trace_path: Path | None = None,
     progress: Callable[[str], None] = lambda text: None,
     known_output_difference: dict[str, float] | None = None,

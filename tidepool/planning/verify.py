@@ -104,7 +104,7 @@ def verify(
     candidates: Sequence[Plan],
     budgets: Budgets,
     levels: Sequence[int] = DEFAULT_LEVELS,
-    window_s: float = 3.0,
+    window_s: float = 2.0,
     progress: Callable[[str], None] = lambda text: None,
 ) -> Verification:
     began = time.perf_counter()
