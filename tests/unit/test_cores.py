@@ -76,6 +76,28 @@ def test_each_instance_counts_as_busy_for_its_own_hold(tmp_path, clock):
     assert slow.start() == 2
 
 
+def test_an_instance_taking_batches_back_to_back_is_held_for_twice_its_gap(tmp_path, clock):
+    busy, other = join(tmp_path), join(tmp_path)
+    assert busy.current_hold_ns() == HOLD_NS  # no gap seen yet: the floor
+    for _ in range(10):  # saturated: its next batch comes 3 ms after each pass
+        busy.start()
+        clock[0] += 20_000_000
+        busy.stop()
+        clock[0] += 3_000_000
+    assert busy.current_hold_ns() == pytest.approx(6_000_000, rel=0.02)
+    clock[0] += 2_000_000  # 5 ms after its last pass: still counted, so the other takes one core
+    assert other.start() == 1
+    other.stop()
+    for _ in range(6):  # a lone client now: 30 ms and more between its passes
+        clock[0] += 30_000_000
+        busy.start()
+        clock[0] += 20_000_000
+        busy.stop()
+    assert busy.current_hold_ns() == HOLD_NS
+    clock[0] += HOLD_NS + 1
+    assert other.start() == 2  # the next lone request gets every core
+
+
 def test_a_pass_that_finds_every_core_taken_waits_for_them(tmp_path, clock, monkeypatch):
     monkeypatch.setattr(cores, "MAX_WAIT_S", 30.0)
     first, second = join(tmp_path), join(tmp_path)

@@ -33,11 +33,19 @@ SLOTS = 64
 # and the threads its forward pass runs with now (0: none).
 FILE_BYTES = SLOTS * 8 * 3
 BUSY = 2**63 - 1  # "until further notice": computing now
-# An instance counts as busy this long after its forward pass (by default; ELASTIC_HOLD_US sets it
-# per model): a saturated instance takes its next batch within it, so another instance that starts
-# meanwhile does not take its cores and then share them three ways. A lone request (client round
-# trip: milliseconds) finds it idle.
+# An instance counts as busy for a while after its forward pass (the hold), so that another one that
+# starts while it fetches its next batch does not take its cores and then share them three ways;
+# a request that comes alone must find it idle. A fixed hold cannot do both: measured on 2 cores
+# (convnet, 2 instances x up to 2 threads), a lone client's next request reached the other
+# instance 1-4 ms after the last pass ended, and a saturated instance's next batch came as late
+# (its inputs and outputs take milliseconds to move): a 1 ms hold served c=1 at 0.97 of one
+# 2-thread instance but c=4 at 0.87 of two 1-thread ones; 4 ms, c=4 at 1.01 but c=1 at 0.69.
+# So the hold follows the instance's own gaps between passes: one that has been taking batches
+# back to back (gaps under BACK_TO_BACK_NS) is held for twice its typical gap; one that waits
+# between requests, only for ELASTIC_HOLD_US (default DEFAULT_HOLD_US).
 DEFAULT_HOLD_US = 1000
+BACK_TO_BACK_NS = 10_000_000
+GAP_CAP_NS = 20_000_000  # longer gaps count as this long: one idle spell must not dominate the mean
 # A forward pass that finds every core taken waits this long at most, polling, before it runs on
 # one thread anyway: waiting for a pass that holds every core beats sharing them three ways, where
 # OpenMP threads wait at each barrier for a thread the kernel has descheduled.
@@ -154,11 +162,13 @@ class CoreShare:
     slot: int
     cores: int
     cap: int  # TORCH_NUM_THREADS: never more threads than this
-    hold_ns: int  # how long this instance counts as busy after a forward pass
+    hold_ns: int  # the least time this instance counts as busy after a forward pass
     _file: mmap.mmap
     _pids: np.ndarray[Any, np.dtype[np.int64]]
     _busy_until: np.ndarray[Any, np.dtype[np.int64]]
     _threads: np.ndarray[Any, np.dtype[np.int64]]
+    _last_stop_ns: int = 0
+    _gap_ns: float = float(GAP_CAP_NS)  # moving mean of the gaps between this instance's passes
 
     @classmethod
     def join(
@@ -205,6 +215,9 @@ class CoreShare:
     def start(self) -> int:
         """Mark this instance busy; the torch threads it should run its forward pass with: its
         share of the cores among the busy instances, no more than the others leave free."""
+        now = time.monotonic_ns()
+        if self._last_stop_ns:
+            self._gap_ns = 0.5 * self._gap_ns + 0.5 * min(now - self._last_stop_ns, GAP_CAP_NS)
         self._busy_until[self.slot] = BUSY
         give_up = time.monotonic() + MAX_WAIT_S
         while True:
@@ -218,7 +231,14 @@ class CoreShare:
 
     def stop(self) -> None:
         self._threads[self.slot] = 0
-        self._busy_until[self.slot] = time.monotonic_ns() + self.hold_ns
+        self._last_stop_ns = time.monotonic_ns()
+        self._busy_until[self.slot] = self._last_stop_ns + self.current_hold_ns()
+
+    def current_hold_ns(self) -> int:
+        """How long this instance counts as busy after the pass that just ended (see the hold)."""
+        if self._gap_ns < BACK_TO_BACK_NS:
+            return max(self.hold_ns, int(2 * self._gap_ns))
+        return self.hold_ns
 
     def leave(self) -> None:
         """Free the slot; the last instance to leave removes the file."""
