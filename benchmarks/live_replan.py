@@ -12,7 +12,7 @@ log of every request), failures, and reloads. With --repeats N, static and watch
 N times and each step shows the median (min-max).
 
     .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
-        [--repeats 2] [--elastic-threads] [--report-dir reports/live_replan]
+        [--repeats 2] [--no-elastic-threads] [--report-dir reports/live_replan]
 
 Each run's Locust CSVs (stats, per-second history, failures), its request log and the watcher's
 log lines are kept under --report-dir, one folder per run.
@@ -106,7 +106,12 @@ def main() -> None:
         "--tail", type=float, default=10.0, help="seconds at the end of each step that its figures cover"
     )
     parser.add_argument("--repeats", type=int, default=1, help="static and watch runs, alternated")
-    parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
+    parser.add_argument(
+        "--elastic-threads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan elastic candidates too (default: on, as tidepool plan)",
+    )
     parser.add_argument(
         "--report-dir",
         type=Path,
@@ -150,7 +155,7 @@ def main() -> None:
                     arg for p in sorted(root.glob("profile-*.json")) for arg in ("--profile", str(p))
                 ]
                 watch = ["--window", str(args.window), "--memory-budget", "1GiB",
-                         *(["--elastic-threads"] if args.elastic_threads else []),
+                         *([] if args.elastic_threads else ["--no-elastic-threads"]),
                          "--latency-budget-ms", str(args.latency_budget_ms), *profile_args]  # fmt: skip
                 if run == "steady":
                     steps = ",".join(["8"] * len(levels))

@@ -14,7 +14,7 @@ real server in one run:
 
     .venv/bin/python -m benchmarks.plan_vs_grid --model encoder [--latency-budget-ms 100]
         [--levels 1,2,4,8,16] [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid]
-        [--elastic-threads] [--grid-batches 1,2,4,8,16,32] [--grid-delays-ms 0,1,2,5]
+        [--no-elastic-threads] [--grid-batches 1,2,4,8,16,32] [--grid-delays-ms 0,1,2,5]
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
         "--latency-budget-ms", str(args.latency_budget_ms), "--memory-budget", f"{args.memory_budget_mib}MiB",
         "--max-output-error", str(args.max_output_error), "--levels", args.levels,
         "--report-dir", str(model_dir.parent / "verification"),
-        *(["--elastic-threads"] if args.elastic_threads else []),
+        *([] if args.elastic_threads else ["--no-elastic-threads"]),
     ]  # fmt: skip
     done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     print(done.stdout, flush=True)
@@ -162,7 +162,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-output-error", type=float, default=0.0)
     parser.add_argument("--no-grid", action="store_true", help="only the plan and the two baselines")
-    parser.add_argument("--elastic-threads", action="store_true", help="plan elastic candidates too")
+    parser.add_argument(
+        "--elastic-threads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan elastic candidates too (default: on, as tidepool plan)",
+    )
     parser.add_argument("--grid-batches", default="1,2,4,8", help="the grid's max_batch_size values")
     parser.add_argument("--grid-delays-ms", default="0,2", help="the grid's queue delays")
     args = parser.parse_args()

@@ -519,9 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--elastic-threads",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="also plan CPU instances that share the cores among those busy (ELASTIC_THREADS; "
-        "see docs/planning.md); use with --verify",
+        "see docs/planning.md; default: on)",
     )
     _add_profile_options(plan)
     plan.set_defaults(run=_plan)

@@ -202,9 +202,9 @@ BUDGETS_2_CORES = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
 
 def test_elastic_threads_join_the_lone_latency_of_one_split_to_the_throughput_of_another():
     two_threads, one_thread = variant("encoder", 2), variant("encoder", 1, speed=0.7)
-    assert len(candidates([two_threads, one_thread], BUDGETS_2_CORES)[0]) == 2  # only when asked
-    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=True)
-    ranked, _ = candidates([two_threads, one_thread], budgets)
+    fixed_only = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=False)
+    assert len(candidates([two_threads, one_thread], fixed_only)[0]) == 2  # --no-elastic-threads
+    ranked, _ = candidates([two_threads, one_thread], BUDGETS_2_CORES)  # planned by default
     labels = [p.label.split()[0] for p in ranked]
     assert labels == ["2x1-2", "2x1", "1x2"]  # the elastic plan ties on throughput, wins on latency
     elastic, fixed_split, whole = ranked

@@ -87,6 +87,9 @@ def fresh_process(monkeypatch):
     """Process settings as if no instance had configured this process yet; restored afterwards."""
     threads, fastpath = torch.get_num_threads(), torch.backends.mha.get_fastpath_enabled()
     monkeypatch.setattr(process, "_configured", False)
+    torch.backends.mha.set_fastpath_enabled(
+        True
+    )  # torch's default; an int8 instance of another test turns it off
     yield
     torch.set_num_threads(threads)
     torch.backends.mha.set_fastpath_enabled(fastpath)

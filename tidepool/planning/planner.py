@@ -39,9 +39,10 @@ class Budgets:
     bounded_queue: bool = False
     # The largest output difference from fp32 (max absolute) a lower precision may have; 0: fp32 only.
     max_output_error: float = 0.0
-    # CPU: also plan instances that share the cores among those busy (runtime/cores.py). Off by
-    # default, as ELASTIC_THREADS is: measured a win for one example model and not the other.
-    elastic_threads: bool = False
+    # CPU: also plan instances that share the cores among those busy (runtime/cores.py). On by
+    # default since the hold follows each instance's gaps: for both example models its worst level
+    # was the best of the three ways to split 2 cores (docs/planning.md).
+    elastic_threads: bool = True
 
     @property
     def usable_bytes(self) -> float:
