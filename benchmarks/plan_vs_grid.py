@@ -4,7 +4,7 @@ real server in one run:
 1. `tidepool plan --verify --write` as a user runs it (profile at each thread split and precision
    allowed, rank, serve the top candidates), timed;
 2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
-   Python backend (same model, same threads and instances, 2 ms delay) loaded together and
+   Python backend (same model, 2 ms delay, at each split of the cores) loaded together and
    measured level by level in turn, for --rounds rounds (the spread is printed);
 3. the grid: max_batch_size (default 1, 2, 4, 8) x delay (default 0, 2 ms) x instances/threads,
    each loaded once (a config override), measured at every level; --grid-batches and
@@ -76,29 +76,37 @@ def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
     return label, seconds
 
 
-def baseline_dirs(repository: Path, planned_dir: Path) -> tuple[str, str]:
-    """`dynb`: the planned config with `dynamic_batching {}`; `plain`: Triton's Python backend."""
-    planned = read_config(planned_dir / "config.pbtxt")
+def baseline_dirs(repository: Path, planned_dir: Path, cores: int) -> tuple[str, list[str]]:
+    """`dynb`: the planned config with `dynamic_batching {}`; `plainIxT`: Triton's Python backend
+    with a 2 ms delay, one per split of the cores (I instances x T torch threads), as a plan may be
+    elastic (no fixed split) and the baseline should be the best a user would find by hand."""
     config = read_config(planned_dir / "config.pbtxt")
     config.dynamic_batching.Clear()
     config.dynamic_batching.SetInParent()
     copy_model(planned_dir, repository / "dynb", config)
 
-    plain = repository / "plain"
-    (plain / "1").mkdir(parents=True)
+    planned = read_config(planned_dir / "config.pbtxt")
     factory = planned.parameters["MODEL_FACTORY"].string_value
-    shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), plain)
-    shutil.copy(Path(__file__).with_name("plain_python_model.py"), plain / "1" / "model.py")
-    config = read_config(planned_dir / "config.pbtxt")
-    config.name, config.backend = "plain", "python"
-    for key in [key for key in config.parameters if not key.startswith("range.")]:
-        del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
-    config.parameters["FACTORY"].string_value = factory
-    config.parameters["TORCH_NUM_THREADS"].string_value = planned.parameters["TORCH_NUM_THREADS"].string_value
-    config.dynamic_batching.Clear()
-    config.dynamic_batching.max_queue_delay_microseconds = PLAIN_DELAY_US
-    write_config(plain / "config.pbtxt", config)
-    return "dynb", "plain"
+    plains = []
+    for threads in thread_splits(cores):
+        name = f"plain{cores // threads}x{threads}"
+        plain = repository / name
+        (plain / "1").mkdir(parents=True)
+        shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), plain)
+        shutil.copy(Path(__file__).with_name("plain_python_model.py"), plain / "1" / "model.py")
+        config = read_config(planned_dir / "config.pbtxt")
+        config.name, config.backend = name, "python"
+        for key in [key for key in config.parameters if not key.startswith("range.")]:
+            del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
+        config.parameters["FACTORY"].string_value = factory
+        config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
+        for group in config.instance_group:
+            group.count = cores // threads
+        config.dynamic_batching.Clear()
+        config.dynamic_batching.max_queue_delay_microseconds = PLAIN_DELAY_US
+        write_config(plain / "config.pbtxt", config)
+        plains.append(name)
+    return "dynb", plains
 
 
 def grid_configs(planned_dir: Path, cores: int, batches: list[int], delays_us: list[int]):
@@ -181,18 +189,19 @@ def main() -> None:
         copy_model(MODEL_REPOSITORY / args.model, planned_dir)
         chosen, planning_s = plan_model(planned_dir, args)
         print(f"planned {chosen} in {planning_s:.0f} s", flush=True)
-        dynb, plain = baseline_dirs(repository, planned_dir)
+        dynb, plains = baseline_dirs(repository, planned_dir, cores)
+        side_names = (args.model, dynb, *plains)
         copy_model(planned_dir, repository / "grid")
 
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
         with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
             side_by_side: dict[str, dict[int, list[LevelResult]]] = {}
-            for name in (args.model, dynb, plain):
+            for name in side_names:
                 http.client.load_model(name)
                 side_by_side[name] = {level: [] for level in levels}
             for round_number in range(args.rounds):
                 for level in levels:
-                    for name in (args.model, dynb, plain):
+                    for name in side_names:
                         [result] = sweep(server, name, [level], args.window_s)
                         side_by_side[name][level].append(result)
                         print(f"  round {round_number + 1} c={level} {name}: {result.throughput:.1f}/s, "
@@ -202,7 +211,7 @@ def main() -> None:
                     f"round {round_number + 1}/{args.rounds} of the planned config and the baselines done",
                     flush=True,
                 )
-            for name in (args.model, dynb, plain):
+            for name in side_names:
                 http.client.unload_model(name)
 
             grid: dict[str, list[LevelResult]] = {}
@@ -227,13 +236,15 @@ def main() -> None:
     budget = args.latency_budget_ms
     print(f"\n{args.model}: planned {chosen}; latency budget {budget} ms; "
           f"median (min-max) of {args.rounds} rounds, infer/s")  # fmt: skip
-    print(f"{'c':>4}{'planned':>22}{'dynamic_batching {}':>22}{'plain python 2ms':>22}"
+    print(f"{'c':>4}{'planned':>22}{'dynamic_batching {}':>22}{'best plain python 2ms':>34}"
           f"{'best grid (meets p99)':>36}{'planned/grid':>14}{'planned/dynb':>14}"
           f"{'planned/plain':>15}")  # fmt: skip
     for level in levels:
         ours = [r.throughput for r in side_by_side[args.model][level]]
         dyn = [r.throughput for r in side_by_side[dynb][level]]
-        pln = [r.throughput for r in side_by_side[plain][level]]
+        by_plain = {name: [r.throughput for r in side_by_side[name][level]] for name in plains}
+        plain = max(plains, key=lambda name: statistics.median(by_plain[name]))
+        pln, plain_text = by_plain[plain], f"{spread(by_plain[plain])} {plain.removeprefix('plain')}"
         found = best_meeting(grid, levels.index(level), budget)
         best_label, best = (found, grid[found][levels.index(level)]) if found else ("-", None)
         best_text = f"{best.throughput:.1f} {best_label}" if best else "-"
@@ -242,11 +253,11 @@ def main() -> None:
             again_ours, again_best = confirmed[level]
             ratio = f"{statistics.median(again_ours) / statistics.median(again_best):.3f}"
             best_text = f"{spread(again_best)} {best_label}"
-        print(f"{level:>4}{spread(ours):>22}{spread(dyn):>22}{spread(pln):>22}{best_text:>36}{ratio:>14}"
+        print(f"{level:>4}{spread(ours):>22}{spread(dyn):>22}{plain_text:>34}{best_text:>36}{ratio:>14}"
               f"{statistics.median(ours) / statistics.median(dyn):>14.3f}"
               f"{statistics.median(ours) / statistics.median(pln):>15.3f}")  # fmt: skip
     p99 = {name: [statistics.median(r.p99_ms for r in side_by_side[name][level]) for level in levels]
-           for name in (args.model, dynb, plain)}  # fmt: skip
+           for name in side_names}  # fmt: skip
     print(
         "p99 ms per level: "
         + "; ".join(f"{name} {[round(v, 1) for v in values]}" for name, values in p99.items())

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -167,8 +167,8 @@ class CoreShare:
     _pids: np.ndarray[Any, np.dtype[np.int64]]
     _busy_until: np.ndarray[Any, np.dtype[np.int64]]
     _threads: np.ndarray[Any, np.dtype[np.int64]]
-    _last_stop_ns: int = 0
-    _gap_ns: float = float(GAP_CAP_NS)  # moving mean of the gaps between this instance's passes
+    _last_stop_ns: int = field(default=0, init=False)
+    _gap_ns: float = field(default=float(GAP_CAP_NS), init=False)  # moving mean of gaps between passes
 
     @classmethod
     def join(
