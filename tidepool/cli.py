@@ -142,7 +142,8 @@ def _measure(
         device=args.device,
         precision=precision,
         torch_threads=threads,
-        max_latency_ms=args.max_latency_ms,
+        # Planning stops doubling past the latency budget: no larger batch can serve within it.
+        max_latency_ms=args.max_latency_ms or getattr(args, "latency_budget_ms", None),
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
         max_seconds_per_point=args.seconds_per_point,
         trace_path=trace,
