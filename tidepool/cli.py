@@ -132,8 +132,10 @@ def _measure(
     threads: int | None,
     trace: Path | None = None,
     known_output_difference: dict[str, float] | None = None,
+    latency_budget_ms: float | None = None,
 ) -> Any:
-    """One profile of the model, as `tidepool profile` and `tidepool plan` take it."""
+    """One profile of the model, as `tidepool profile` and `tidepool plan` take it; planning stops
+    doubling past the latency budget (no larger batch can serve within it) unless told otherwise."""
     from tidepool.planning.profiler import profile_model
 
     return profile_model(
@@ -142,8 +144,7 @@ def _measure(
         device=args.device,
         precision=precision,
         torch_threads=threads,
-        # Planning stops doubling past the latency budget: no larger batch can serve within it.
-        max_latency_ms=args.max_latency_ms or getattr(args, "latency_budget_ms", None),
+        max_latency_ms=args.max_latency_ms or latency_budget_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
         max_seconds_per_point=args.seconds_per_point,
         trace_path=trace,
@@ -204,7 +205,9 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
         profiles, screens = profiles_to_plan(
             model_dir, splits, precisions, args.max_output_error,
-            lambda precision, threads, known: _measure(args, model_dir, precision, threads, None, known),
+            lambda precision, threads, known: _measure(
+                args, model_dir, precision, threads, None, known, budgets.latency_ms
+            ),
             device=args.device, progress=progress_printer,
         )  # fmt: skip
         print(file=sys.stderr)
