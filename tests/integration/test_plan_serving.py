@@ -67,9 +67,9 @@ def test_a_planned_config_serves_as_written_and_after_model_analyzer_style_edits
 
 
 def test_plan_verify_serves_each_candidate_at_each_level_and_writes_the_chosen_one(tmp_path):
-    """`tidepool plan --verify` end to end from two saved profiles (a 1x2 and a 2x1 candidate): each
-    is loaded on a real server and measured at each level; the table, CSV and PNG are written, and
-    config.pbtxt carries the chosen candidate with what verification measured."""
+    """`tidepool plan --verify` end to end from two saved profiles: three candidates (1x2, 2x1 and
+    the elastic 2x1-2), each loaded on a real server and measured at each level; the table, CSV and
+    PNG are written, and config.pbtxt carries the chosen candidate with what verification measured."""
     model_dir = tmp_path / "encoder"
     copy_model(MODEL_REPOSITORY / "encoder", model_dir)
     recorded = Profile.from_json((PROFILES / "encoder_cpu.json").read_text())
@@ -89,7 +89,8 @@ def test_plan_verify_serves_each_candidate_at_each_level_and_writes_the_chosen_o
     with (tmp_path / "report" / "verification.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     labels = {row["candidate"] for row in rows}
-    assert len(labels) == 2 and {row["concurrency"] for row in rows} == {"1", "2"} and len(rows) == 4
+    assert {label.split()[0] for label in labels} == {"1x2", "2x1", "2x1-2"}
+    assert {row["concurrency"] for row in rows} == {"1", "2"} and len(rows) == 6
     assert all(float(row["throughput"]) > 0 and row["errors"] == "0" for row in rows)
     assert (tmp_path / "report" / "verification.png").stat().st_size > 0
     [line] = [line for line in done.stdout.splitlines() if line.endswith("<- chosen")]
