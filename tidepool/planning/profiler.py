@@ -1,5 +1,6 @@
 """`tidepool profile`: memory and latency of a model per batch size, measured through the
-backend's own loader, instance and pool (so the process is set up as a served instance's is)."""
+backend's own loader, instance and pool (so the process is set up as a served instance's is); and
+the profiles `tidepool plan` takes, lower precisions screened against fp32 first."""
 
 from __future__ import annotations
 
