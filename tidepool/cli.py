@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tidepool.errors import TidepoolError
+from tidepool.machine import usable_cores
 from tidepool.spec import parse_bytes, positive_ints
 
 
@@ -184,7 +185,7 @@ def _plan(args: argparse.Namespace) -> int:
         memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
         latency_ms=args.latency_budget_ms,
         headroom=args.headroom,
-        cores=args.cores or os.cpu_count() or 1,
+        cores=args.cores or usable_cores(),
         bounded_queue=args.bounded_queue,
         max_output_error=args.max_output_error,
         elastic_threads=args.elastic_threads,
@@ -206,7 +207,8 @@ def _plan(args: argparse.Namespace) -> int:
         profiles, screens = profiles_to_plan(
             model_dir, splits, precisions, args.max_output_error,
             lambda precision, threads, known: _measure(
-                args, model_dir, precision, threads, None, known, budgets.latency_ms
+                args, model_dir, precision, threads,
+                known_output_difference=known, latency_budget_ms=budgets.latency_ms,
             ),
             device=args.device, progress=progress_printer,
         )  # fmt: skip

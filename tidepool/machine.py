@@ -1,5 +1,6 @@
-"""What machine this is, in one line that profiles and generated configs record (cores and CPU
-model, or the GPU's name), so a config planned elsewhere can be recognised as such."""
+"""What machine this is: the cores this process may use, and one line that profiles and generated
+configs record (cores and CPU model, or the GPU's name), so a config planned elsewhere can be
+recognised as such."""
 
 from __future__ import annotations
 
@@ -18,8 +19,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which container cpusets restrict)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def describe_cpu(cores: int | None = None) -> str:
-    return f"{cores or os.cpu_count() or 1} cores, {cpu_model()}"
+    return f"{cores or usable_cores()} cores, {cpu_model()}"
 
 
 # The line of a config's comment header that says where it was planned.

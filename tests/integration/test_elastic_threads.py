@@ -10,7 +10,8 @@ import numpy as np
 from tidepool.clients.connection import Connection
 from tidepool.configfile import copy_model, read_config, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.runtime.cores import share_path, usable_cores
+from tidepool.machine import usable_cores
+from tidepool.runtime.cores import share_path
 from tidepool.testing import TEST_MODELS
 
 

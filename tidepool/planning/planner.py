@@ -6,14 +6,13 @@ and protobuf, never torch."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, write_config
 from tidepool.errors import TidepoolError
-from tidepool.machine import planned_on_line
+from tidepool.machine import planned_on_line, usable_cores
 from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
 
 MIB = 2**20
@@ -33,7 +32,7 @@ class Budgets:
     memory_bytes: int
     latency_ms: float
     headroom: float = 0.8  # use at most this share of the memory budget
-    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cores: int = field(default_factory=usable_cores)  # the CPU affinity's, as the served instances see
     # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
     # default_queue_policy roughly halved this backend's throughput (see docs/planning.md).
     bounded_queue: bool = False

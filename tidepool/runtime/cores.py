@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tidepool.machine import usable_cores
 from tidepool.processes import SHM_DIRECTORY, alive
 from tidepool.spec import ConfigError, ModelSpec, parse_model_config
 
@@ -101,14 +102,6 @@ def at_lower_priority(load: Callable[[], Loaded], niceness: int) -> Loaded:
     if failed:
         raise failed[0]
     return loaded[0]
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which container cpusets restrict)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # What idle OpenMP threads of an elastic instance spin before they sleep (libgomp's default is

@@ -13,10 +13,11 @@ from typing import Any, cast
 import torch
 
 from tidepool.errors import TidepoolError
+from tidepool.machine import usable_cores
 from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
-from tidepool.runtime.cores import CoreShare, usable_cores
+from tidepool.runtime.cores import CoreShare
 from tidepool.runtime.loader import ModelLoadError, load_model
 from tidepool.runtime.process import (
     ProcessRequest,

@@ -3,12 +3,12 @@ Triton placed it (the kind and device of its instance group)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidepool.runtime.cores import DEFAULT_HOLD_US, oversubscribed, usable_cores
+from tidepool.machine import usable_cores
+from tidepool.runtime.cores import DEFAULT_HOLD_US, oversubscribed
 from tidepool.spec import ConfigError, ModelSpec, positive_ints
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -86,7 +86,7 @@ class InstanceSettings:
     elastic_threads: bool
     allow_nonfinite: bool
     # Elastic threads: how long an instance still counts as busy after its forward pass (see
-    # runtime/cores.py, HOLD_US); ELASTIC_HOLD_US.
+    # runtime/cores.py, DEFAULT_HOLD_US); ELASTIC_HOLD_US.
     elastic_hold_us: int
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
@@ -138,7 +138,7 @@ class InstanceSettings:
             ) from None
         sizes, notes = warmup_batch_sizes(model)
         return cls(
-            torch_threads=model.int_param("TORCH_NUM_THREADS", os.cpu_count() or 1, minimum=1),
+            torch_threads=model.int_param("TORCH_NUM_THREADS", usable_cores(), minimum=1),
             elastic_threads=device == "cpu"
             and model.choice_param("ELASTIC_THREADS", ("true", "false"), "false") == "true"
             and oversubscribed(model, usable_cores()),
