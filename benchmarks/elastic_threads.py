@@ -15,11 +15,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.plan_vs_grid import spread, sweep
+from benchmarks.in_turn import in_turn, spread, throughputs
 from tidepool.clients.connection import Connection
 from tidepool.configfile import copy_model, read_config, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.runtime.cores import DEFAULT_HOLD_US, usable_cores
+from tidepool.machine import usable_cores
+from tidepool.runtime.cores import DEFAULT_HOLD_US
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
@@ -64,19 +65,12 @@ def main() -> None:
             MODEL_REPOSITORY / args.model, repository, cores, positive_ints(args.holds_us, "--holds-us")
         )
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
-        figures: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
-        p99: dict[str, dict[int, list[float]]] = {label: {c: [] for c in levels} for label in names}
         with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
             for name in names.values():
                 http.client.load_model(name)
-            for round_number in range(1, args.rounds + 1):
-                for level in levels:
-                    for label, name in names.items():
-                        [result] = sweep(server, name, [level], args.window_s)
-                        figures[label][level].append(result.throughput)
-                        p99[label][level].append(result.p99_ms)
-                        print(f"  round {round_number} c={level} {label}: {result.throughput:.1f}/s, "
-                              f"p99 {result.p99_ms:.1f} ms", flush=True)  # fmt: skip
+            results = in_turn(server, names, levels, args.rounds, args.window_s)
+    figures = {label: {c: throughputs(r) for c, r in runs.items()} for label, runs in results.items()}
+    p99 = {label: {c: [x.p99_ms for x in r] for c, r in runs.items()} for label, runs in results.items()}
     elastic = [label for label in names if "elastic" in label]
     fixed = [label for label in names if label not in elastic]
     print(f"\n{args.model} on {cores} cores: infer/s, median (min-max) of {args.rounds} rounds; median p99")

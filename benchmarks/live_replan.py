@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.plan_vs_grid import spread
+from benchmarks.in_turn import spread
 from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
 from tidepool.configfile import copy_model, read_config, write_config

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -30,30 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.in_turn import in_turn, spread, sweep, throughputs
 from tidepool.clients.connection import Connection
-from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.clients.sweep import LevelResult
 from tidepool.configfile import as_dict, copy_model, read_config, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.machine import usable_cores
 from tidepool.planning.live import served_label
 from tidepool.planning.planner import thread_splits
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 PLAIN_DELAY_US = 2000
-
-
-def sweep(
-    server: TritonServer, model: str, levels: list[int], window_s: float, max_windows: int = 3
-) -> list[LevelResult]:
-    settings = SweepSettings(
-        model,
-        url=server.config.grpc_url,
-        concurrency=tuple(levels),
-        window_s=window_s,
-        warmup_s=1.0,
-        max_windows=max_windows,
-    )
-    return Sweep(settings).run()
 
 
 def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
@@ -72,7 +59,7 @@ def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
     if done.returncode != 0:
         raise SystemExit(f"tidepool plan failed ({done.returncode}):\n{done.stderr}")
     seconds = time.perf_counter() - began
-    label = served_label(as_dict(read_config(model_dir / "config.pbtxt")), os.cpu_count() or 1)
+    label = served_label(as_dict(read_config(model_dir / "config.pbtxt")), usable_cores())
     return label, seconds
 
 
@@ -144,20 +131,12 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
     for level, label in labels.items():
         if label is None:
             continue
-        ours, best = [], []
-        for _ in range(args.rounds):
-            ours.append(sweep(server, planned_name, [level], args.window_s)[0].throughput)
-            best.append(sweep(server, names[label], [level], args.window_s)[0].throughput)
+        pair = {"planned": planned_name, label: names[label]}
+        both = in_turn(server, pair, [level], args.rounds, args.window_s)
+        ours, best = throughputs(both["planned"][level]), throughputs(both[label][level])
         confirmed[level] = (ours, best)
         print(f"  confirmed c={level}: planned {ours}, best grid {label} {best}", flush=True)
     return confirmed
-
-
-def spread(values: list[float], digits: int = 1) -> str:
-    """'median (min-max)' of repeated figures; the figure alone when there is one."""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> None:
@@ -182,7 +161,7 @@ def main() -> None:
     levels = [int(level) for level in args.levels.split(",")]
     grid_batches = positive_ints(args.grid_batches, "--grid-batches")
     grid_delays_us = [round(float(ms) * 1000) for ms in args.grid_delays_ms.split(",")]
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         planned_dir = repository / args.model
@@ -195,22 +174,10 @@ def main() -> None:
 
         server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
         with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
-            side_by_side: dict[str, dict[int, list[LevelResult]]] = {}
             for name in side_names:
                 http.client.load_model(name)
-                side_by_side[name] = {level: [] for level in levels}
-            for round_number in range(args.rounds):
-                for level in levels:
-                    for name in side_names:
-                        [result] = sweep(server, name, [level], args.window_s)
-                        side_by_side[name][level].append(result)
-                        print(f"  round {round_number + 1} c={level} {name}: {result.throughput:.1f}/s, "
-                              f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}",
-                              flush=True)  # fmt: skip
-                print(
-                    f"round {round_number + 1}/{args.rounds} of the planned config and the baselines done",
-                    flush=True,
-                )
+            by_name = {name: name for name in side_names}
+            side_by_side = in_turn(server, by_name, levels, args.rounds, args.window_s)
             for name in side_names:
                 http.client.unload_model(name)
 
@@ -240,9 +207,8 @@ def main() -> None:
           f"{'best grid (meets p99)':>36}{'planned/grid':>14}{'planned/dynb':>14}"
           f"{'planned/plain':>15}")  # fmt: skip
     for level in levels:
-        ours = [r.throughput for r in side_by_side[args.model][level]]
-        dyn = [r.throughput for r in side_by_side[dynb][level]]
-        by_plain = {name: [r.throughput for r in side_by_side[name][level]] for name in plains}
+        ours, dyn = throughputs(side_by_side[args.model][level]), throughputs(side_by_side[dynb][level])
+        by_plain = {name: throughputs(side_by_side[name][level]) for name in plains}
         plain = max(plains, key=lambda name: statistics.median(by_plain[name]))
         pln, plain_text = by_plain[plain], f"{spread(by_plain[plain])} {plain.removeprefix('plain')}"
         found = best_meeting(grid, levels.index(level), budget)

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.plan_vs_grid import spread
+from benchmarks.in_turn import spread
 from tidepool.clients.closed_loop import LoadResult, run_closed_loop
 from tidepool.clients.connection import Connection
 from tidepool.configfile import as_dict, copy_model, read_config

@@ -187,24 +187,21 @@ def screen_precision(
     full = _instance(model_dir, [batch], device, "fp32", torch_threads)
     try:
         difference = _differences(low, full, precision, batch)
-        screen = PrecisionScreen(precision, difference, 0.0, batch, False, "")
-        if screen.output_error > max_output_error:
-            error = screen.output_error
-            screen.reason = f"outputs differ from fp32 by {error:.3g} > --max-output-error {max_output_error}"
-            return screen
+        error = max_abs_difference(difference)
+        if error > max_output_error:
+            reason = f"outputs differ from fp32 by {error:.3g} > --max-output-error {max_output_error}"
+            return PrecisionScreen(precision, difference, 0.0, batch, False, reason)
         requests = _rows(full, batch, seed=batch)
         rates: dict[str, list[float]] = {"fp32": [], precision: []}
         for _ in range(3):
             for name, instance in (("fp32", full), (precision, low)):
                 rates[name].append(_samples_per_s(instance, requests, seconds / 6))
-        screen.speedup = float(np.median(rates[precision]) / np.median(rates["fp32"]))
-        screen.kept = screen.speedup >= SPEEDUP_TO_KEEP
-        screen.reason = (
-            f"outputs within {screen.output_error:.3g} of fp32, "
-            f"{screen.speedup:.2f}x its speed at batch {batch}"
-            + ("" if screen.kept else f" (< {SPEEDUP_TO_KEEP}x: not worth changing the numerics)")
+        speedup = float(np.median(rates[precision]) / np.median(rates["fp32"]))
+        kept = speedup >= SPEEDUP_TO_KEEP
+        reason = f"outputs within {error:.3g} of fp32, {speedup:.2f}x its speed at batch {batch}" + (
+            "" if kept else f" (< {SPEEDUP_TO_KEEP}x: not worth changing the numerics)"
         )
-        return screen
+        return PrecisionScreen(precision, difference, speedup, batch, kept, reason)
     finally:
         low.close()
         full.close()
@@ -261,13 +258,13 @@ def profile_model(
     if trace_path is not None:
         _trace(instance, profile.points[-1].batch, trace_path)
     instance.close()
-    if precision != "fp32" and known_output_difference is not None:
+    if precision != "fp32":
+        if known_output_difference is None:
+            progress(f"comparing {precision} outputs with fp32")
+            known_output_difference = output_difference(
+                model_dir, device, precision, min(4, max(batch_sizes)), torch_threads
+            )
         profile.output_difference = dict(known_output_difference)
-    elif precision != "fp32":
-        progress(f"comparing {precision} outputs with fp32")
-        profile.output_difference = output_difference(
-            model_dir, device, precision, min(4, max(batch_sizes)), torch_threads
-        )
     profile.seconds = time.perf_counter() - began
     return profile
 

@@ -1,0 +1,56 @@
+"""Measuring served models side by side for the benchmarks: closed-loop sweeps on one server,
+level by level in turn across the models so drift falls on all of them, and how repeats print."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.launcher.server import TritonServer
+
+
+def sweep(
+    server: TritonServer, model: str, levels: Sequence[int], window_s: float, max_windows: int = 3
+) -> list[LevelResult]:
+    """One closed-loop sweep of `model` over gRPC at each concurrency of `levels`."""
+    settings = SweepSettings(
+        model,
+        url=server.config.grpc_url,
+        concurrency=tuple(levels),
+        window_s=window_s,
+        warmup_s=1.0,
+        max_windows=max_windows,
+    )
+    return Sweep(settings).run()
+
+
+def in_turn(
+    server: TritonServer,
+    models: Mapping[str, str],
+    levels: Sequence[int],
+    rounds: int,
+    window_s: float,
+) -> dict[str, dict[int, list[LevelResult]]]:
+    """label -> level -> one result per round; `models` maps each label to a loaded model's name.
+    Each round takes every level in turn, and at each level every model in turn."""
+    results: dict[str, dict[int, list[LevelResult]]] = {label: {c: [] for c in levels} for label in models}
+    for round_number in range(1, rounds + 1):
+        for level in levels:
+            for label, name in models.items():
+                [result] = sweep(server, name, [level], window_s)
+                results[label][level].append(result)
+                print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "
+                      f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}", flush=True)  # fmt: skip
+    return results
+
+
+def throughputs(results: Sequence[LevelResult]) -> list[float]:
+    return [r.throughput for r in results]
+
+
+def spread(values: Sequence[float], digits: int = 1) -> str:
+    """'median (min-max)' of repeated figures; the figure alone when there is one."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
