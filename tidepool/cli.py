@@ -176,6 +176,7 @@ def _plan(args: argparse.Namespace) -> int:
         candidates,
         precisions_to_try,
         thread_splits,
+        to_verify,
         write_plan,
     )
     from tidepool.planning.profile import Profile
@@ -232,7 +233,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         from tidepool.planning.verify import verify, write_verification
 
-        top = ranked[: args.verify_top]
+        top = to_verify(ranked, args.verify_top)
         verification = verify(model_dir, top, budgets, args.levels, args.window_s, progress=progress_printer)
         print(file=sys.stderr)
         print(verification.table())

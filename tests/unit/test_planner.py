@@ -11,7 +11,15 @@ from tritonclient.grpc import model_config_pb2
 
 from tidepool import configfile
 from tidepool.configfile import ConfigFileError, config_text, read_config, write_config
-from tidepool.planning.planner import Budgets, PlanError, candidates, plan, planned_config, write_plan
+from tidepool.planning.planner import (
+    Budgets,
+    PlanError,
+    candidates,
+    plan,
+    planned_config,
+    to_verify,
+    write_plan,
+)
 from tidepool.planning.profile import Profile
 from tidepool.testing import MODEL_REPOSITORY
 
@@ -231,6 +239,25 @@ def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():
     config = planned_config(read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt"), ranked[0])
     assert config.parameters["PRECISION"].string_value == "bf16"
     assert config.parameters["TORCH_NUM_THREADS"].string_value == "2"
+
+
+def test_verification_serves_the_best_of_each_way_to_use_the_cores_before_the_next_best():
+    # The top three by rank are two ways to use the cores in int8 and one again in fp32: 1x2 (best
+    # for a lone request) would not be served.
+    fp32 = [variant("encoder", 2), variant("encoder", 1, speed=0.7)]
+    int8 = [variant("encoder", t, "int8", speed=s, error=0.005) for t, s in ((2, 1.3), (1, 1.1))]
+    profiles = fp32 + int8
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, max_output_error=0.01)
+    ranked, _ = candidates(profiles, budgets)
+    assert [p.label.split()[:2] for p in ranked[:3]] == [
+        ["2x1-2", "int8"],
+        ["2x1", "int8"],
+        ["2x1-2", "fp32"],
+    ]
+    chosen = to_verify(ranked, 3)
+    assert [p.label.split()[:2] for p in chosen] == [["2x1-2", "int8"], ["2x1", "int8"], ["1x2", "int8"]]
+    assert [p.label for p in to_verify(ranked, 4)] == [p.label for p in ranked[:3]] + [chosen[2].label]
+    assert to_verify(ranked, 1) == [ranked[0]] and len(to_verify(ranked, 99)) == len(ranked)
 
 
 def test_verification_picks_the_most_levels_in_budget_then_the_best_worst_level():

@@ -376,6 +376,21 @@ def elastic_plans(plans: Sequence[Plan], budgets: Budgets) -> list[Plan]:
     return made
 
 
+def to_verify(ranked: Sequence[Plan], count: int) -> list[Plan]:
+    """The `count` candidates worth serving, in rank order: first the best of each way to use the
+    cores (instances x threads, elastic or not), then the next best. Predictions that rank one way
+    above another by a few percent are within a profile's noise, and how the cores are split is what
+    decides each load level (one instance with every core serves a lone request best, one per core
+    a crowd); the first `count` by rank alone could all split the cores one way."""
+    firsts: dict[tuple[int, int, int], Plan] = {}
+    for plan in ranked:
+        firsts.setdefault((plan.instance_count, plan.torch_threads, plan.min_threads), plan)
+    taken = {id(plan) for plan in list(firsts.values())[:count]}
+    rest = [plan for plan in ranked if id(plan) not in taken]
+    taken |= {id(plan) for plan in rest[: count - len(taken)]}
+    return [plan for plan in ranked if id(plan) in taken]
+
+
 def thread_splits(cores: int) -> list[int]:
     """Torch threads per instance worth trying on `cores` cores: each divisor, most threads first."""
     return [t for t in range(cores, 0, -1) if cores % t == 0]
