@@ -3,16 +3,31 @@ cores share them through one file named after tritonserver's pid, which goes whe
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from tidepool.clients.connection import Connection
+from tidepool.clients.metrics import scrape
 from tidepool.configfile import copy_model, read_config, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import share_path
 from tidepool.testing import TEST_MODELS
+
+
+def threads_histogram(metrics_url: str) -> dict[str, float]:
+    """Forward passes of both instances: all of them, and those that ran on one thread."""
+    samples = [s for s in scrape(metrics_url) if s.labels.get("model") == "identity"]
+    return {
+        "count": sum(s.value for s in samples if s.name == "tidepool_elastic_threads_count"),
+        "le1": sum(
+            s.value
+            for s in samples
+            if s.name == "tidepool_elastic_threads_bucket" and float(s.labels["le"]) == 1
+        ),
+    }
 
 
 def test_instances_share_the_cores_and_clean_up(tmp_path):
@@ -38,7 +53,16 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
 
             with ThreadPoolExecutor(4) as workers:
                 assert list(workers.map(ask, range(40))) == list(range(40))
+            lone = threads_histogram(server_config.metrics_url)
+            for value in range(10):  # one at a time, past any hold: each pass may take every core
+                time.sleep(0.05)
+                assert ask(value) == value
+            after = threads_histogram(server_config.metrics_url)
         log = "\n".join(server.log_tail)
+    # Every pass is counted with its threads, and lone requests ran on every core.
+    assert lone["count"] >= 1 and after["count"] == lone["count"] + 10
+    with_every_core = (after["count"] - after["le1"]) - (lone["count"] - lone["le1"])
+    assert with_every_core >= 8, (lone, after)
     assert log.count(f"elastic threads: up to {cores}, {cores} cores shared") == 2, log
     assert "GOMP_SPINCOUNT=" in log and "Traceback" not in log
     assert not shared.exists()  # the last instance to finish removed it

@@ -115,6 +115,7 @@ def test_the_backend_reports_pool_figures_and_batch_sizes_as_metrics(pb_utils, m
     assert families["tidepool_batch_size"].metrics[0].observed == [6.0]  # warm-up is not traffic
     model.execute(batch)
     assert families["tidepool_batch_size"].metrics[0].observed == [6.0, 6.0]
+    assert "tidepool_elastic_threads" not in families  # only elastic instances share cores
     [(level, logged)] = pb_utils.state.logged
     assert level == "info" and "tokens_0: cpu, fp32; pool host" in logged and "custom metrics on" in logged
 

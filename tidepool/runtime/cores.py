@@ -160,6 +160,7 @@ class CoreShare:
     _pids: np.ndarray[Any, np.dtype[np.int64]]
     _busy_until: np.ndarray[Any, np.dtype[np.int64]]
     _threads: np.ndarray[Any, np.dtype[np.int64]]
+    last_wait_ns: int = field(default=0, init=False)  # how long the last start waited for a core
     _last_stop_ns: int = field(default=0, init=False)
     _gap_ns: float = field(default=float(GAP_CAP_NS), init=False)  # moving mean of gaps between passes
 
@@ -219,6 +220,7 @@ class CoreShare:
             if free >= 1 or time.monotonic() >= give_up:
                 threads = max(1, min(share, free))
                 self._threads[self.slot] = threads
+                self.last_wait_ns = time.monotonic_ns() - now
                 return threads
             time.sleep(POLL_S)
 

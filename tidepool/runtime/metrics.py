@@ -1,7 +1,8 @@
 """Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
-gauges and counters, the page faults of executions, and a histogram of the batch sizes `execute`
-really ran. The pool's counters are read after every execution; its fragmentation, which walks
-its arenas, at most once per FRAGMENTATION_INTERVAL_S."""
+gauges and counters, the page faults of executions, a histogram of the batch sizes `execute`
+really ran, and for elastic instances the threads of each pass and the time passes waited. The
+pool's counters are read after every execution; its fragmentation, which walks its arenas, at most
+once per FRAGMENTATION_INTERVAL_S."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ COUNTERS = {
 
 PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
 PLAN_GENERATION = "tidepool_plan_generation"
+# Elastic threads only (runtime/cores.py): how the cores were shared, pass by pass.
+ELASTIC_THREADS = "tidepool_elastic_threads"
+ELASTIC_WAIT = "tidepool_elastic_wait_us_total"
+THREAD_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
 ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
@@ -42,15 +47,18 @@ class InstanceMetrics:
     """One instance's metrics; `pb_utils` is passed in so this module imports without Triton."""
 
     @classmethod
-    def create(cls, pb_utils: Any, model: str, instance: str) -> tuple[InstanceMetrics | None, str]:
+    def create(
+        cls, pb_utils: Any, model: str, instance: str, elastic: bool = False
+    ) -> tuple[InstanceMetrics | None, str]:
         """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
-        `--allow-metrics=false`, and then refuses to create metric families)."""
+        `--allow-metrics=false`, and then refuses to create metric families). `elastic`: also the
+        torch threads of each forward pass and the time passes waited for a core."""
         try:
-            return cls(pb_utils, model, instance), "custom metrics on"
+            return cls(pb_utils, model, instance, elastic), "custom metrics on"
         except Exception as exc:  # the stub raises TritonModelException; its type is not importable
             return None, f"custom metrics off (the server refused them: {exc})"
 
-    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+    def __init__(self, pb_utils: Any, model: str, instance: str, elastic: bool = False) -> None:
         family = pb_utils.MetricFamily
         labels = {"model": model, "instance": instance}
         # Triton deletes a family's metrics with the family: keep every family alive here.
@@ -87,6 +95,23 @@ class InstanceMetrics:
             kind=family.GAUGE,
         )
         self.plan_generation = self.families[PLAN_GENERATION].Metric(labels=labels)
+        self.elastic_threads: Any = None
+        self.elastic_wait_us: Any = None
+        if elastic:
+            self.families[ELASTIC_THREADS] = family(
+                name=ELASTIC_THREADS,
+                description="Torch threads of each forward pass of an elastic instance",
+                kind=family.HISTOGRAM,
+            )
+            self.elastic_threads = self.families[ELASTIC_THREADS].Metric(
+                labels=labels, buckets=THREAD_BUCKETS
+            )
+            self.families[ELASTIC_WAIT] = family(
+                name=ELASTIC_WAIT,
+                description="Microseconds forward passes of an elastic instance waited for a free core",
+                kind=family.COUNTER,
+            )
+            self.elastic_wait_us = self.families[ELASTIC_WAIT].Metric(labels=labels)
         self.walked_at = -FRAGMENTATION_INTERVAL_S
 
     def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
@@ -100,6 +125,13 @@ class InstanceMetrics:
             if walk:
                 self.walked_at = now
             self.record_pool(pool.stats(walk_arenas=walk))
+
+    def record_elastic(self, threads: int, waited_ns: int) -> None:
+        """After an elastic instance's execution: the threads it ran with and how long it waited."""
+        if self.elastic_threads is not None and threads > 0:
+            self.elastic_threads.observe(threads)
+            if waited_ns >= 1000:
+                self.elastic_wait_us.increment(waited_ns // 1000)
 
     def record_page_faults(self, count: int) -> None:
         if count > 0:

@@ -72,7 +72,7 @@ class TritonPythonModel:
         if niceness:
             notes.append(f"loaded at nice +{niceness}")
         self.metrics, metrics_note = InstanceMetrics.create(
-            pb_utils, args["model_name"], args["model_instance_name"]
+            pb_utils, args["model_name"], args["model_instance_name"], self.instance.core_share is not None
         )
         if self.metrics is not None:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
@@ -87,6 +87,8 @@ class TritonPythonModel:
         responses = responses_for(execution)
         if self.metrics is not None:
             self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
+            if self.instance.core_share is not None:
+                self.metrics.record_elastic(execution.torch_threads, self.instance.core_share.last_wait_ns)
         return responses
 
     def finalize(self) -> None:
