@@ -33,11 +33,18 @@ def in_turn(
     window_s: float,
 ) -> dict[str, dict[int, list[LevelResult]]]:
     """label -> level -> one result per round; `models` maps each label to a loaded model's name.
-    Each round takes every level in turn, and at each level every model in turn."""
+    Each round takes every level in turn, and at each level every model in turn, starting with the
+    next model each time: the model measured first after a level change served less (encoder, c=1:
+    the planned config 75-78/s, the same config under `dynamic_batching {}` measured second 83-96/s,
+    in all 3 rounds), so no model may always be first."""
     results: dict[str, dict[int, list[LevelResult]]] = {label: {c: [] for c in levels} for label in models}
+    order = list(models.items())
+    turn = 0
     for round_number in range(1, rounds + 1):
         for level in levels:
-            for label, name in models.items():
+            start = turn % len(order)
+            turn += 1
+            for label, name in order[start:] + order[:start]:
                 [result] = sweep(server, name, [level], window_s)
                 results[label][level].append(result)
                 print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "
