@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.launcher.server import TritonServer
 
 
@@ -39,12 +39,9 @@ def in_turn(
     in all 3 rounds), so no model may always be first."""
     results: dict[str, dict[int, list[LevelResult]]] = {label: {c: [] for c in levels} for label in models}
     order = list(models.items())
-    turn = 0
     for round_number in range(1, rounds + 1):
-        for level in levels:
-            start = turn % len(order)
-            turn += 1
-            for label, name in order[start:] + order[:start]:
+        for index, level in enumerate(levels):
+            for label, name in rotated(order, (round_number - 1) * len(levels) + index):
                 [result] = sweep(server, name, [level], window_s)
                 results[label][level].append(result)
                 print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "

@@ -9,6 +9,7 @@ from tidepool.clients.sweep import (
     SweepError,
     format_table,
     parse_levels,
+    rotated,
     write_reports,
 )
 
@@ -75,3 +76,10 @@ def test_transient_errors_are_told_apart_from_bad_requests():
     # A request too large for the pool, whatever words it uses, is not retried.
     too_large = "this request does not fit; the pool is unavailable for it"
     assert not is_transient(InferenceServerException(too_large, status="StatusCode.INVALID_ARGUMENT"))
+
+
+def test_rotated_starts_each_turn_with_the_next_item():
+    items = ["a", "b", "c"]
+    assert [rotated(items, turn)[0] for turn in range(4)] == ["a", "b", "c", "a"]
+    assert rotated(items, 1) == ["b", "c", "a"]
+    assert rotated([], 3) == []

@@ -8,8 +8,10 @@ import asyncio
 import csv
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,6 +20,8 @@ from tidepool.clients.connection import Connection
 from tidepool.errors import TidepoolError
 from tidepool.inputs import load_inputs, random_inputs
 from tidepool.spec import positive_ints
+
+T = TypeVar("T")
 
 
 class SweepError(TidepoolError):
@@ -120,6 +124,14 @@ class SweepSettings:
     shared_memory: bool = False
     input_file: str | None = None
     seed: int = 0
+
+
+def rotated(items: Sequence[T], turn: int) -> list[T]:
+    """`items` starting at `turn` (mod their count): the order in which several models are measured
+    at the `turn`-th level, so that none is always measured first after the load changes (the first
+    served less: a candidate measured first served a convnet level at under half its usual rate)."""
+    start = turn % len(items) if items else 0
+    return [*items[start:], *items[:start]]
 
 
 def _window_figures(outcome: Outcome, seconds: float, batch: int) -> tuple[float, float]:

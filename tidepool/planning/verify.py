@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tidepool.clients.connection import Connection
-from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.configfile import copy_model, read_config
 from tidepool.errors import TidepoolError
 from tidepool.launcher.server import ServerConfig, TritonServer
@@ -143,9 +143,7 @@ def verify(
                 progress(f"warming up {candidate.label} at c={max(levels)}")
                 _closed_loop(server_config.grpc_url, name, max(levels), WARM_UP_S / 2, 1, WARM_UP_S / 2)
             for index, level in enumerate(levels):
-                # Each level starts with the next candidate: none is always the first measured
-                # after the load changes.
-                for name, candidate in pairs[index % len(pairs) :] + pairs[: index % len(pairs)]:
+                for name, candidate in rotated(pairs, index):
                     progress(f"c={level}: {candidate.label}")
                     result = _closed_loop(server_config.grpc_url, name, level, window_s, VERIFY_MAX_WINDOWS)
                     figures.append(
