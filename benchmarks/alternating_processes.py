@@ -1,0 +1,140 @@
+"""What a forward pass costs when two processes take turns serving a lone client, against one
+process serving every request, without Triton: the elastic pair at concurrency 1 in isolation.
+
+Each process builds the model (fixed seed) with every core as torch threads and the spin count
+elastic instances run with; the parent sends one batch-1 pass at a time, with a short pause between
+passes (the client's turn-around), to one process ("one") or to both in turn ("alternating"). With
+--shared-weights a second pair maps the weights from one file, so that both processes read the
+same physical pages (one copy in the shared last-level cache).
+
+    .venv/bin/python -m benchmarks.alternating_processes --model encoder [--passes 300] [--rounds 3]
+        [--pause-ms 0.6] [--shared-weights]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2
+
+from tidepool.configfile import read_config
+from tidepool.machine import usable_cores
+from tidepool.runtime.cores import ELASTIC_SPIN_COUNT, SPIN_VARIABLE
+from tidepool.testing import MODEL_REPOSITORY
+
+WARM_UP_PASSES = 5
+SKIPPED_PASSES = 20  # the first passes of a measurement are left out of its median
+
+
+def build_model(model_dir: Path):
+    """The model of `model_dir` as its config's MODEL_FACTORY builds it."""
+    factory = read_config(model_dir / "config.pbtxt").parameters["MODEL_FACTORY"].string_value
+    module_name, function = factory.split(":")
+    sys.path.insert(0, str(model_dir))
+    module = __import__(module_name)
+    return getattr(module, function)().eval()
+
+
+def serve(
+    connection: Connection,
+    model_dir: Path,
+    weights: Path | None,
+    input_shape: tuple[int, ...],
+    token_ids: bool,
+) -> None:
+    """One serving process: a pass per message, answering the seconds it took; None ends it."""
+    os.environ[SPIN_VARIABLE] = ELASTIC_SPIN_COUNT  # before torch loads, as in an elastic instance
+    import torch
+
+    torch.set_num_threads(usable_cores())
+    model = build_model(model_dir)
+    if weights is not None:
+        model.load_state_dict(torch.load(weights, mmap=True, weights_only=True), assign=True)
+    # Token ids below 1000 are in range for the repository's token models.
+    batch = torch.randint(0, 1000, input_shape, dtype=torch.int32) if token_ids else torch.randn(input_shape)
+    with torch.inference_mode():
+        for _ in range(WARM_UP_PASSES):
+            model(batch)
+        connection.send("ready")
+        while connection.recv() is not None:
+            began = time.perf_counter()
+            model(batch)
+            connection.send(time.perf_counter() - began)
+
+
+def median_pass_ms(
+    model_dir: Path, weights: Path | None, alternating: bool, passes: int, pause_s: float
+) -> float:
+    [first_input] = read_config(model_dir / "config.pbtxt").input[:1]
+    input_shape = (1, *first_input.dims)
+    token_ids = first_input.data_type != model_config_pb2.TYPE_FP32
+    context = multiprocessing.get_context("spawn")
+    ends, processes = [], []
+    for _ in range(2):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=serve, args=(theirs, model_dir, weights, input_shape, token_ids))
+        process.start()
+        ends.append(ours)
+        processes.append(process)
+    try:
+        for end in ends:
+            end.recv()
+        seconds = []
+        for index in range(passes):
+            end = ends[index % 2] if alternating else ends[0]
+            end.send(True)
+            seconds.append(end.recv())
+            time.sleep(pause_s)
+    finally:
+        for end in ends:
+            end.send(None)
+        for process in processes:
+            process.join()
+    return statistics.median(seconds[SKIPPED_PASSES:]) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--passes", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pause-ms", type=float, default=0.6)
+    parser.add_argument("--shared-weights", action="store_true")
+    args = parser.parse_args()
+    if args.passes <= SKIPPED_PASSES:
+        parser.error(f"--passes must be over {SKIPPED_PASSES}")
+    model_dir = MODEL_REPOSITORY / args.model
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = None
+        if args.shared_weights:
+            import torch
+
+            weights = Path(tmp) / "weights.pt"
+            torch.save(build_model(model_dir).state_dict(), weights)
+        variants = {"one process": (None, False), "alternating": (None, True)}
+        if weights is not None:
+            variants["alternating, shared weights"] = (weights, True)
+        figures: dict[str, list[float]] = {label: [] for label in variants}
+        for round_number in range(1, args.rounds + 1):
+            for label, (shared, alternating) in variants.items():
+                ms = median_pass_ms(model_dir, shared, alternating, args.passes, args.pause_ms / 1e3)
+                figures[label].append(ms)
+                print(f"  round {round_number}/{args.rounds} {label}: {ms:.2f} ms per pass", flush=True)
+    alone = statistics.median(figures["one process"])
+    print(f"\n{args.model}, batch 1, {usable_cores()} torch threads, {SPIN_VARIABLE}={ELASTIC_SPIN_COUNT}: "
+          f"median ms per pass (min-max of {args.rounds} rounds), against one process")  # fmt: skip
+    for label, values in figures.items():
+        print(f"  {label:<30}{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+              f"  {statistics.median(values) / alone:.3f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
