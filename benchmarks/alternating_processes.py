@@ -5,10 +5,12 @@ Each process builds the model (fixed seed) with every core as torch threads and 
 elastic instances run with; the parent sends one batch-1 pass at a time, with a short pause between
 passes (the client's turn-around), to one process ("one") or to both in turn ("alternating"). With
 --shared-weights a second pair maps the weights from one file, so that both processes read the
-same physical pages (one copy in the shared last-level cache).
+same physical pages (one copy in the shared last-level cache). Both processes exist in either mode,
+so a --spin-count long enough to outlast a pass has the idle one's threads spinning on the cores
+the other computes on, even in "one process".
 
     .venv/bin/python -m benchmarks.alternating_processes --model encoder [--passes 300] [--rounds 3]
-        [--pause-ms 0.6] [--shared-weights]
+        [--pause-ms 0.6] [--shared-weights] [--spin-count 20000]
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def serve(
     weights: Path | None,
     input_shape: tuple[int, ...],
     token_ids: bool,
+    spin_count: str,
 ) -> None:
     """One serving process: a pass per message, answering the seconds it took; None ends it."""
-    os.environ[SPIN_VARIABLE] = ELASTIC_SPIN_COUNT  # before torch loads, as in an elastic instance
+    os.environ[SPIN_VARIABLE] = spin_count  # before torch loads
     import torch
 
     torch.set_num_threads(usable_cores())
@@ -71,7 +74,7 @@ def serve(
 
 
 def median_pass_ms(
-    model_dir: Path, weights: Path | None, alternating: bool, passes: int, pause_s: float
+    model_dir: Path, weights: Path | None, alternating: bool, args: argparse.Namespace
 ) -> float:
     [first_input] = read_config(model_dir / "config.pbtxt").input[:1]
     input_shape = (1, *first_input.dims)
@@ -80,7 +83,9 @@ def median_pass_ms(
     ends, processes = [], []
     for _ in range(2):
         ours, theirs = context.Pipe()
-        process = context.Process(target=serve, args=(theirs, model_dir, weights, input_shape, token_ids))
+        process = context.Process(
+            target=serve, args=(theirs, model_dir, weights, input_shape, token_ids, args.spin_count)
+        )
         process.start()
         ends.append(ours)
         processes.append(process)
@@ -88,11 +93,11 @@ def median_pass_ms(
         for end in ends:
             end.recv()
         seconds = []
-        for index in range(passes):
+        for index in range(args.passes):
             end = ends[index % 2] if alternating else ends[0]
             end.send(True)
             seconds.append(end.recv())
-            time.sleep(pause_s)
+            time.sleep(args.pause_ms / 1e3)
     finally:
         for end in ends:
             end.send(None)
@@ -108,6 +113,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pause-ms", type=float, default=0.6)
     parser.add_argument("--shared-weights", action="store_true")
+    parser.add_argument(
+        "--spin-count", default=ELASTIC_SPIN_COUNT, help=f"{SPIN_VARIABLE} (default: as elastic instances)"
+    )
     args = parser.parse_args()
     if args.passes <= SKIPPED_PASSES:
         parser.error(f"--passes must be over {SKIPPED_PASSES}")
@@ -125,11 +133,12 @@ def main() -> None:
         figures: dict[str, list[float]] = {label: [] for label in variants}
         for round_number in range(1, args.rounds + 1):
             for label, (shared, alternating) in variants.items():
-                ms = median_pass_ms(model_dir, shared, alternating, args.passes, args.pause_ms / 1e3)
+                ms = median_pass_ms(model_dir, shared, alternating, args)
                 figures[label].append(ms)
                 print(f"  round {round_number}/{args.rounds} {label}: {ms:.2f} ms per pass", flush=True)
     alone = statistics.median(figures["one process"])
-    print(f"\n{args.model}, batch 1, {usable_cores()} torch threads, {SPIN_VARIABLE}={ELASTIC_SPIN_COUNT}: "
+    print(f"\n{args.model}, batch 1, {usable_cores()} torch threads, {SPIN_VARIABLE}={args.spin_count}, "
+          f"{args.pause_ms:g} ms between passes: "
           f"median ms per pass (min-max of {args.rounds} rounds), against one process")  # fmt: skip
     for label, values in figures.items():
         print(f"  {label:<30}{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
