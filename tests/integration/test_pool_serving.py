@@ -62,30 +62,40 @@ def test_a_request_over_the_pool_limit_fails_for_good_and_the_instance_keeps_ser
     assert pool_figures(server, "pool_limited")["ooms_total"] >= 1
 
 
-def page_faults_of_executions(server, grpc: Connection, model: str, executions: int) -> list[float]:
-    """Minor page faults of each of `executions` executions, after five to warm up."""
+STEADY_FAULTS = 20  # an execution that faults in fewer pages allocated nothing fresh
+
+
+def page_faults_of_executions(
+    server, grpc: Connection, model: str, executions: int, max_warmups: int = 5
+) -> list[float]:
+    """Minor page faults of each of `executions` executions, after up to `max_warmups` executions
+    to warm up (fewer where one already faulted in no fresh pages)."""
     spec = grpc.model_spec(model)
     rows = {"X": np.ones((2, 4), dtype=np.float32)}
-    for _ in range(5):  # the heap reaches its high-water mark within the first few executions
-        grpc.infer(model, rows, spec)
 
     def faults_so_far() -> float:
         return value(scrape(server.config.metrics_url), "tidepool_page_faults_total", model=model)
 
-    faults = []
-    for _ in range(executions):
+    def one_execution() -> float:
         before = faults_so_far()
         np.testing.assert_array_equal(grpc.infer(model, rows, spec)["Y"], rows["X"] + 1)
-        faults.append(faults_so_far() - before)
-    return faults
+        return faults_so_far() - before
+
+    for _ in range(max_warmups):
+        if one_execution() < STEADY_FAULTS:
+            break
+    return [one_execution() for _ in range(executions)]
 
 
 def test_with_the_pool_on_torch_memory_is_kept_and_executions_touch_no_fresh_pages(server):
     # `scratch` makes a 48 MiB tensor per forward pass: glibc's malloc maps blocks over 32 MiB
     # afresh each time and unmaps them on free, so without the pool every execution faults them in.
+    # With it the heap settles within a few executions: the free chunks that warm-up left without
+    # pages are faulted in once each, not always in a row (seen: 9 executions after load, and a
+    # steady execution followed by one more that faulted), hence up to 20 to warm up and the median.
     with Connection.open("grpc", server.config.grpc_url) as grpc:
-        pool_on = page_faults_of_executions(server, grpc, "scratch", executions=7)
+        pool_on = page_faults_of_executions(server, grpc, "scratch", executions=7, max_warmups=20)
         pool_off = page_faults_of_executions(server, grpc, "scratch_pool_off", executions=7)
     print(f"minor page faults of each execution: pool on {pool_on}, POOL=off {pool_off}")
     assert min(pool_off) > 200  # the kernel may map several 4 KiB pages per fault
-    assert statistics.median(pool_on) < 20
+    assert statistics.median(pool_on) < STEADY_FAULTS
