@@ -19,50 +19,46 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2
-
-from tidepool.configfile import read_config
+from tidepool.configfile import as_dict, read_config
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import ELASTIC_SPIN_COUNT, SPIN_VARIABLE
+from tidepool.spec import ModelSpec, parse_model_config
 from tidepool.testing import MODEL_REPOSITORY
 
 WARM_UP_PASSES = 5
 SKIPPED_PASSES = 20  # the first passes of a measurement are left out of its median
 
 
-def build_model(model_dir: Path):
-    """The model of `model_dir` as its config's MODEL_FACTORY builds it."""
-    factory = read_config(model_dir / "config.pbtxt").parameters["MODEL_FACTORY"].string_value
-    module_name, function = factory.split(":")
-    sys.path.insert(0, str(model_dir))
-    module = __import__(module_name)
-    return getattr(module, function)().eval()
+def model_spec(model_dir: Path) -> ModelSpec:
+    return parse_model_config(as_dict(read_config(model_dir / "config.pbtxt")))
 
 
-def serve(
-    connection: Connection,
-    model_dir: Path,
-    weights: Path | None,
-    input_shape: tuple[int, ...],
-    token_ids: bool,
-    spin_count: str,
-) -> None:
+def serve(connection: Connection, model_dir: Path, weights: Path | None, spin_count: str) -> None:
     """One serving process: a pass per message, answering the seconds it took; None ends it."""
     os.environ[SPIN_VARIABLE] = spin_count  # before torch loads
     import torch
 
+    from tidepool.runtime.loader import load_model
+
     torch.set_num_threads(usable_cores())
-    model = build_model(model_dir)
+    spec = model_spec(model_dir)
+    model = load_model(model_dir, spec)
     if weights is not None:
         model.load_state_dict(torch.load(weights, mmap=True, weights_only=True), assign=True)
-    # Token ids below 1000 are in range for the repository's token models.
-    batch = torch.randint(0, 1000, input_shape, dtype=torch.int32) if token_ids else torch.randn(input_shape)
+    [first_input] = spec.inputs[:1]
+    shape = first_input.shape(1)
+    known = first_input.value_range
+    # Token ids: in the declared range, and no higher than 999 (the figures were measured so).
+    batch = (
+        torch.randint(int(known.low), int(min(known.high, 999)) + 1, shape, dtype=torch.int32)
+        if known
+        else torch.randn(shape)
+    )
     with torch.inference_mode():
         for _ in range(WARM_UP_PASSES):
             model(batch)
@@ -76,16 +72,11 @@ def serve(
 def median_pass_ms(
     model_dir: Path, weights: Path | None, alternating: bool, args: argparse.Namespace
 ) -> float:
-    [first_input] = read_config(model_dir / "config.pbtxt").input[:1]
-    input_shape = (1, *first_input.dims)
-    token_ids = first_input.data_type != model_config_pb2.TYPE_FP32
     context = multiprocessing.get_context("spawn")
     ends, processes = [], []
     for _ in range(2):
         ours, theirs = context.Pipe()
-        process = context.Process(
-            target=serve, args=(theirs, model_dir, weights, input_shape, token_ids, args.spin_count)
-        )
+        process = context.Process(target=serve, args=(theirs, model_dir, weights, args.spin_count))
         process.start()
         ends.append(ours)
         processes.append(process)
@@ -125,8 +116,10 @@ def main() -> None:
         if args.shared_weights:
             import torch
 
+            from tidepool.runtime.loader import load_model
+
             weights = Path(tmp) / "weights.pt"
-            torch.save(build_model(model_dir).state_dict(), weights)
+            torch.save(load_model(model_dir, model_spec(model_dir)).state_dict(), weights)
         variants = {"one process": (None, False), "alternating": (None, True)}
         if weights is not None:
             variants["alternating, shared weights"] = (weights, True)

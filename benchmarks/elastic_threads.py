@@ -15,10 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import in_turn, spread, throughputs
-from tidepool.clients.connection import Connection
+from benchmarks.in_turn import add_in_turn_arguments, serve_in_turn, spread, throughputs
 from tidepool.configfile import copy_model, read_config, with_parameters
-from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import DEFAULT_HOLD_US
 from tidepool.spec import positive_ints
@@ -49,10 +47,7 @@ def variants(source: Path, repository: Path, cores: int, holds_us: list[int]) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="encoder")
-    parser.add_argument("--levels", default="1,2,4,8,16")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-s", type=float, default=2.0)
+    add_in_turn_arguments(parser)
     parser.add_argument(
         "--holds-us", default=str(DEFAULT_HOLD_US), help="ELASTIC_HOLD_US of each elastic variant"
     )
@@ -64,11 +59,7 @@ def main() -> None:
         names = variants(
             MODEL_REPOSITORY / args.model, repository, cores, positive_ints(args.holds_us, "--holds-us")
         )
-        server_config = ServerConfig.on_free_ports(repository, extra_args=["--model-control-mode=explicit"])
-        with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
-            for name in names.values():
-                http.client.load_model(name)
-            results = in_turn(server, names, levels, args.rounds, args.window_s)
+        results = serve_in_turn(repository, names, levels, args.rounds, args.window_s)
     figures = {label: {c: throughputs(r) for c, r in runs.items()} for label, runs in results.items()}
     p99 = {label: {c: [x.p99_ms for x in r] for c, r in runs.items()} for label, runs in results.items()}
     elastic = [label for label in names if "elastic" in label]

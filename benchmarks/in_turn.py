@@ -3,11 +3,14 @@ level by level in turn across the models so drift falls on all of them, and how 
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
+from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
-from tidepool.launcher.server import TritonServer
+from tidepool.launcher.server import ServerConfig, TritonServer
 
 
 def sweep(
@@ -47,6 +50,31 @@ def in_turn(
                 print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "
                       f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}", flush=True)  # fmt: skip
     return results
+
+
+def add_in_turn_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --levels, --rounds and --window-s, as the side-by-side benchmarks take them."""
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--levels", default="1,2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-s", type=float, default=2.0)
+
+
+def serve_in_turn(
+    repository: Path,
+    models: Mapping[str, str],
+    levels: Sequence[int],
+    rounds: int,
+    window_s: float,
+    server_args: Sequence[str] = (),
+) -> dict[str, dict[int, list[LevelResult]]]:
+    """`in_turn` on a server of its own over `repository`, with every model of `models` loaded."""
+    explicit = ["--model-control-mode=explicit", *server_args]
+    config = ServerConfig.on_free_ports(repository, extra_args=explicit)
+    with TritonServer(config) as server, Connection.open("http", config.http_url) as http:
+        for name in models.values():
+            http.client.load_model(name)
+        return in_turn(server, models, levels, rounds, window_s)
 
 
 def throughputs(results: Sequence[LevelResult]) -> list[float]:

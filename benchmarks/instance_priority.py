@@ -15,10 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import in_turn, spread, throughputs
-from tidepool.clients.connection import Connection
+from benchmarks.in_turn import add_in_turn_arguments, serve_in_turn, spread, throughputs
 from tidepool.configfile import copy_model, read_config, with_parameters
-from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
@@ -57,23 +55,15 @@ def variants(source: Path, repository: Path, cores: int) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="encoder")
-    parser.add_argument("--levels", default="1,2,4,8,16")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-s", type=float, default=2.0)
+    add_in_turn_arguments(parser)
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         names = variants(MODEL_REPOSITORY / args.model, repository, cores)
-        server_config = ServerConfig.on_free_ports(
-            repository, extra_args=["--model-control-mode=explicit", "--rate-limit=execution_count"]
-        )
-        with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
-            for name in names.values():
-                http.client.load_model(name)
-            results = in_turn(server, names, levels, args.rounds, args.window_s)
+        rate_limited = ["--rate-limit=execution_count"]
+        results = serve_in_turn(repository, names, levels, args.rounds, args.window_s, rate_limited)
     labels = list(names)
     print(f"\n{args.model} on {cores} cores, --rate-limit=execution_count: infer/s, median (min-max) "
           f"of {args.rounds} rounds; median p99 ms; each variant against 1x{cores}")  # fmt: skip
