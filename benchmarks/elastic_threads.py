@@ -15,8 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import add_in_turn_arguments, serve_in_turn, spread, throughputs
-from tidepool.configfile import copy_model, read_config, with_parameters
+from benchmarks.in_turn import Variant, add_in_turn_arguments, serve_in_turn, spread, throughputs
+from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import DEFAULT_HOLD_US
 from tidepool.spec import positive_ints
@@ -38,8 +38,7 @@ def variants(source: Path, repository: Path, cores: int, holds_us: list[int]) ->
         )  # fmt: skip
         config.name = f"v{index}"
         config.dynamic_batching.max_queue_delay_microseconds = 0
-        for group in config.instance_group:
-            group.count = instances
+        set_instances(config, instances)
         copy_model(source, repository / config.name, config)
         names[label] = config.name
     return names
@@ -59,7 +58,8 @@ def main() -> None:
         names = variants(
             MODEL_REPOSITORY / args.model, repository, cores, positive_ints(args.holds_us, "--holds-us")
         )
-        results = serve_in_turn(repository, names, levels, args.rounds, args.window_s)
+        served = {label: Variant(name) for label, name in names.items()}
+        results = serve_in_turn(repository, served, levels, args.rounds, args.window_s)
     figures = {label: {c: throughputs(r) for c, r in runs.items()} for label, runs in results.items()}
     p99 = {label: {c: [x.p99_ms for x in r] for c, r in runs.items()} for label, runs in results.items()}
     elastic = [label for label in names if "elastic" in label]

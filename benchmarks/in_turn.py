@@ -1,11 +1,14 @@
-"""Measuring served models side by side for the benchmarks: closed-loop sweeps on one server,
-level by level in turn across the models so drift falls on all of them, and how repeats print."""
+"""Measuring served models side by side for the benchmarks: closed-loop sweeps on one or more
+servers, level by level in turn across the models so drift falls on all of them, and how repeats
+print."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tidepool.clients.connection import Connection
@@ -13,13 +16,28 @@ from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.launcher.server import ServerConfig, TritonServer
 
 
-def sweep(
-    server: TritonServer, model: str, levels: Sequence[int], window_s: float, max_windows: int = 3
-) -> list[LevelResult]:
-    """One closed-loop sweep of `model` over gRPC at each concurrency of `levels`."""
+@dataclass(frozen=True)
+class Target:
+    """One loaded model on one server."""
+
+    grpc_url: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A model of the repository, and the rate-limit mode of the server that serves it (one server
+    per mode)."""
+
+    model: str
+    rate_limit: str = ServerConfig.rate_limit
+
+
+def sweep(target: Target, levels: Sequence[int], window_s: float, max_windows: int = 3) -> list[LevelResult]:
+    """One closed-loop sweep of `target` over gRPC at each concurrency of `levels`."""
     settings = SweepSettings(
-        model,
-        url=server.config.grpc_url,
+        target.model,
+        url=target.grpc_url,
         concurrency=tuple(levels),
         window_s=window_s,
         warmup_s=1.0,
@@ -29,23 +47,22 @@ def sweep(
 
 
 def in_turn(
-    server: TritonServer,
-    models: Mapping[str, str],
+    targets: Mapping[str, Target],
     levels: Sequence[int],
     rounds: int,
     window_s: float,
 ) -> dict[str, dict[int, list[LevelResult]]]:
-    """label -> level -> one result per round; `models` maps each label to a loaded model's name.
+    """label -> level -> one result per round.
     Each round takes every level in turn, and at each level every model in turn, starting with the
     next model each time: the model measured first after a level change served less (encoder, c=1:
     the planned config 75-78/s, the same config under `dynamic_batching {}` measured second 83-96/s,
     in all 3 rounds), so no model may always be first."""
-    results: dict[str, dict[int, list[LevelResult]]] = {label: {c: [] for c in levels} for label in models}
-    order = list(models.items())
+    results: dict[str, dict[int, list[LevelResult]]] = {label: {c: [] for c in levels} for label in targets}
+    order = list(targets.items())
     for round_number in range(1, rounds + 1):
         for index, level in enumerate(levels):
-            for label, name in rotated(order, (round_number - 1) * len(levels) + index):
-                [result] = sweep(server, name, [level], window_s)
+            for label, target in rotated(order, (round_number - 1) * len(levels) + index):
+                [result] = sweep(target, [level], window_s)
                 results[label][level].append(result)
                 print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "
                       f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}", flush=True)  # fmt: skip
@@ -62,19 +79,28 @@ def add_in_turn_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve_in_turn(
     repository: Path,
-    models: Mapping[str, str],
+    variants: Mapping[str, Variant],
     levels: Sequence[int],
     rounds: int,
     window_s: float,
-    server_args: Sequence[str] = (),
 ) -> dict[str, dict[int, list[LevelResult]]]:
-    """`in_turn` on a server of its own over `repository`, with every model of `models` loaded."""
-    explicit = ["--model-control-mode=explicit", *server_args]
-    config = ServerConfig.on_free_ports(repository, extra_args=explicit)
-    with TritonServer(config) as server, Connection.open("http", config.http_url) as http:
-        for name in models.values():
-            http.client.load_model(name)
-        return in_turn(server, models, levels, rounds, window_s)
+    """`in_turn` over `repository`: one server per rate-limit mode (explicit model control, all of
+    them up at once), each variant loaded on its own."""
+    targets: dict[str, Target] = {}
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[ServerConfig, Connection]] = {}
+        for label, variant in variants.items():
+            if variant.rate_limit not in servers:
+                config = ServerConfig.on_free_ports(
+                    repository, extra_args=["--model-control-mode=explicit"], rate_limit=variant.rate_limit
+                )
+                stack.enter_context(TritonServer(config))
+                http = stack.enter_context(Connection.open("http", config.http_url))
+                servers[variant.rate_limit] = (config, http)
+            config, http = servers[variant.rate_limit]
+            http.client.load_model(variant.model)
+            targets[label] = Target(config.grpc_url, variant.model)
+        return in_turn(targets, levels, rounds, window_s)
 
 
 def throughputs(results: Sequence[LevelResult]) -> list[float]:

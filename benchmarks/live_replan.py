@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks.in_turn import spread
 from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
-from tidepool.configfile import copy_model, read_config, write_config
+from tidepool.configfile import copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
 from tidepool.planning.profiler import profile_model
@@ -46,7 +46,7 @@ def poor_config(model_dir: Path) -> None:
     config = read_config(model_dir / "config.pbtxt")
     config.max_batch_size = 1
     config.dynamic_batching.max_queue_delay_microseconds = 50_000
-    config.instance_group[0].count = 1
+    set_instances(config, 1)
     config.parameters["TORCH_NUM_THREADS"].string_value = "2"
     write_config(model_dir / "config.pbtxt", config)
 

@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.in_turn import in_turn, spread, sweep, throughputs
+from benchmarks.in_turn import Target, in_turn, spread, sweep, throughputs
 from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult
-from tidepool.configfile import as_dict, copy_model, read_config, write_config
+from tidepool.configfile import ModelConfig, as_dict, copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
 from tidepool.planning.live import served_label
@@ -87,8 +87,7 @@ def baseline_dirs(repository: Path, planned_dir: Path, cores: int) -> tuple[str,
             del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
         config.parameters["FACTORY"].string_value = factory
         config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
-        for group in config.instance_group:
-            group.count = cores // threads
+        set_instances(config, cores // threads)
         config.dynamic_batching.Clear()
         config.dynamic_batching.max_queue_delay_microseconds = PLAIN_DELAY_US
         write_config(plain / "config.pbtxt", config)
@@ -97,19 +96,24 @@ def baseline_dirs(repository: Path, planned_dir: Path, cores: int) -> tuple[str,
 
 
 def grid_configs(planned_dir: Path, cores: int, batches: list[int], delays_us: list[int]):
-    base = as_dict(read_config(planned_dir / "config.pbtxt"))
+    """(label, config as a dict) of each grid point: the planned config at each split of the cores,
+    max_batch_size and delay, with no preferred sizes, pool sizes, elastic threads or priorities."""
+    base = read_config(planned_dir / "config.pbtxt")
     for threads in thread_splits(cores):
         for batch in batches:
             for delay in delays_us:
-                config = json.loads(json.dumps(base))
-                config["name"] = "grid"
-                config["max_batch_size"] = batch
-                config["dynamic_batching"] = {"max_queue_delay_microseconds": delay}
-                config["instance_group"][0]["count"] = cores // threads
-                config["parameters"]["TORCH_NUM_THREADS"] = {"string_value": str(threads)}
-                config["parameters"].pop("POOL_LIMIT_BYTES", None)
-                config["parameters"].pop("POOL_INITIAL_BYTES", None)
-                yield f"{cores // threads}x{threads} b{batch} d{delay / 1000:g}ms", config
+                config = ModelConfig()
+                config.CopyFrom(base)
+                config.name = "grid"
+                config.max_batch_size = batch
+                config.dynamic_batching.Clear()
+                config.dynamic_batching.SetInParent()
+                config.dynamic_batching.max_queue_delay_microseconds = delay
+                set_instances(config, cores // threads)
+                config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
+                for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES", "ELASTIC_THREADS"):
+                    config.parameters.pop(key, None)
+                yield f"{cores // threads}x{threads} b{batch} d{delay / 1000:g}ms", as_dict(config)
 
 
 def best_meeting(grid: dict[str, list[LevelResult]], index: int, budget: float) -> str | None:
@@ -131,8 +135,9 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
     for level, label in labels.items():
         if label is None:
             continue
-        pair = {"planned": planned_name, label: names[label]}
-        both = in_turn(server, pair, [level], args.rounds, args.window_s)
+        url = server.config.grpc_url
+        pair = {"planned": Target(url, planned_name), label: Target(url, names[label])}
+        both = in_turn(pair, [level], args.rounds, args.window_s)
         ours, best = throughputs(both["planned"][level]), throughputs(both[label][level])
         confirmed[level] = (ours, best)
         print(f"  confirmed c={level}: planned {ours}, best grid {label} {best}", flush=True)
@@ -176,8 +181,8 @@ def main() -> None:
         with TritonServer(server_config) as server, Connection.open("http", server_config.http_url) as http:
             for name in side_names:
                 http.client.load_model(name)
-            by_name = {name: name for name in side_names}
-            side_by_side = in_turn(server, by_name, levels, args.rounds, args.window_s)
+            by_name = {name: Target(server_config.grpc_url, name) for name in side_names}
+            side_by_side = in_turn(by_name, levels, args.rounds, args.window_s)
             for name in side_names:
                 http.client.unload_model(name)
 
@@ -186,7 +191,7 @@ def main() -> None:
             if not args.no_grid:
                 for label, config in grid_configs(planned_dir, cores, grid_batches, grid_delays_us):
                     http.client.load_model("grid", config=json.dumps(config))
-                    grid[label] = sweep(server, "grid", levels, args.window_s, max_windows=2)
+                    grid[label] = sweep(Target(server_config.grpc_url, "grid"), levels, args.window_s, 2)
                     figures = ", ".join(f"c={r.level:g} {r.throughput:.0f}/s" for r in grid[label])
                     print(f"  grid {label}: {figures}", flush=True)
                 http.client.unload_model("grid")

@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
             log_verbose=args.log_verbose,
             grace_s=args.grace_s,
             model_control=args.model_control,
+            rate_limit=args.rate_limit,
         )
     )
 
@@ -366,6 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="explicit: load every model at start and allow reloads with a new config "
         "(tidepool plan --from-server --apply)",
+    )
+    serve.add_argument(
+        "--rate-limit",
+        choices=["execution_count", "off"],
+        default="execution_count",
+        help="Triton's rate limiter; execution_count lets the rate-limiter priorities of an elastic "
+        "plan keep a lone client on one instance (default: %(default)s)",
     )
     serve.add_argument(
         "--grace-s",

@@ -10,11 +10,26 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelQueuePolicy
+from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup, ModelQueuePolicy
 
 from tidepool.errors import TidepoolError
 
-__all__ = ["ModelConfig", "ModelQueuePolicy", "copy_model", "read_config", "read_config_dict", "write_config"]
+__all__ = [
+    "ModelConfig",
+    "ModelQueuePolicy",
+    "copy_model",
+    "read_config",
+    "read_config_dict",
+    "set_instances",
+    "write_config",
+]
+
+# Triton's rate limiter (`--rate-limit=execution_count`) hands a batch to the available instance
+# with the lowest executions x priority, so an instance of priority 1 beside one of 1000 takes all
+# but one in 1001 of the batches that find both idle, and either takes whatever finds the other
+# busy. Each later group's priority is this many times the one before, up to the field's maximum.
+PRIORITY_STEP = 1000
+MAX_PRIORITY = 2**32 - 1
 
 
 class ConfigFileError(TidepoolError):
@@ -70,6 +85,33 @@ def copy_model(source: Path, target: Path, config: ModelConfig | None = None) ->
     named.name = target.name
     write_config(target / "config.pbtxt", named)
     return target
+
+
+def set_instances(config: ModelConfig, count: int, prefer_first: bool = False) -> ModelConfig:
+    """`config` edited in place to serve `count` instances in each place its groups name (a group
+    without its name, count and rate limiter: kind, devices, host policy; KIND_CPU where there is
+    no group): one group per place, or with `prefer_first`, `count` groups of one per place whose
+    rate-limiter priorities keep batches that find several instances idle on the first of them (on a
+    server started with `--rate-limit=execution_count`; any other server ignores the priorities and
+    serves the same instances). Groups that differ only in count or priority merge back."""
+    if count < 1:
+        raise ConfigFileError(f"an instance count must be at least 1, got {count}")
+    places: dict[bytes, ModelInstanceGroup] = {}
+    for group in config.instance_group or [ModelInstanceGroup(kind=ModelInstanceGroup.KIND_CPU)]:
+        place = ModelInstanceGroup()
+        place.CopyFrom(group)
+        for field in ("name", "count", "rate_limiter"):
+            place.ClearField(field)
+        places.setdefault(place.SerializeToString(deterministic=True), place)
+    del config.instance_group[:]
+    for place in places.values():
+        for rank in range(count if prefer_first else 1):
+            group = config.instance_group.add()
+            group.CopyFrom(place)
+            group.count = 1 if prefer_first else count
+            if prefer_first:
+                group.rate_limiter.priority = min(PRIORITY_STEP**rank, MAX_PRIORITY)
+    return config
 
 
 def with_parameters(config: ModelConfig, **parameters: str) -> ModelConfig:

@@ -10,7 +10,7 @@ import numpy as np
 
 from tidepool.clients.connection import Connection
 from tidepool.clients.metrics import scrape
-from tidepool.configfile import copy_model, read_config, with_parameters
+from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import share_path
@@ -66,3 +66,42 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
     assert log.count(f"elastic threads: up to {cores}, {cores} cores shared") == 2, log
     assert "GOMP_SPINCOUNT=" in log and "Traceback" not in log
     assert not shared.exists()  # the last instance to finish removed it
+
+
+def passes_per_instance(metrics_url: str, model: str) -> list[float]:
+    """Forward passes of each of `model`'s elastic instances, as its metrics count them."""
+    samples = scrape(metrics_url)
+    counts = [s for s in samples if s.name == "tidepool_elastic_threads_count" and s.labels["model"] == model]
+    return sorted((s.value for s in counts), reverse=True)
+
+
+def test_priorities_keep_a_lone_client_on_the_first_instance(tmp_path):
+    """What `tidepool plan` writes for an elastic plan, on the server `tidepool serve` starts: a
+    lone client's requests all run on one instance. The same instances without priorities take
+    them in turn, which is what the priorities are there to avoid."""
+    cores = usable_cores()
+    base = with_parameters(
+        read_config(TEST_MODELS / "identity" / "config.pbtxt"),
+        TORCH_NUM_THREADS=str(cores),
+        ELASTIC_THREADS="true",
+    )
+    repository = tmp_path / "repository"
+    for name, prefer_first in (("preferring", True), ("in_turn", False)):
+        config = set_instances(with_parameters(base), 2, prefer_first=prefer_first)
+        copy_model(TEST_MODELS / "identity", repository / name, config)
+    server_config = ServerConfig.on_free_ports(repository)
+    assert server_config.rate_limit == "execution_count"  # the launcher's default
+    with TritonServer(server_config), Connection.open("grpc", server_config.grpc_url) as grpc:
+        for name in ("preferring", "in_turn"):
+            spec = grpc.model_spec(name)
+            for value in range(40):
+                time.sleep(0.01)  # a lone client: each request finds both instances idle
+                rows = {"X": np.full((1, 1), value, dtype=np.int32)}
+                assert int(grpc.infer(name, rows, spec)["Y"][0, 0]) == value
+        preferring = passes_per_instance(server_config.metrics_url, "preferring")
+        in_turn = passes_per_instance(server_config.metrics_url, "in_turn")
+    assert sum(preferring) == sum(in_turn) == 40
+    # The rate limiter gives the second instance one batch in 1001 once the first has run
+    # (and possibly the second batch of all, while both have run none): at most two here.
+    assert preferring[0] >= 38, preferring
+    assert in_turn[0] <= 30, in_turn  # without priorities the two alternate

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tidepool.clients.connection import Connection
-from tidepool.configfile import as_dict, copy_model, read_config
+from tidepool.configfile import as_dict, copy_model, read_config, set_instances
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.live import served_label
 from tidepool.planning.planner import Budgets, plan, write_plan
@@ -33,7 +33,7 @@ def edited_copy(model_dir, repository, name: str, max_batch_size=None, instances
     if max_batch_size is not None:
         config.max_batch_size = max_batch_size
     if instances is not None:
-        config.instance_group[0].count = instances
+        set_instances(config, instances)  # as Model Analyzer writes it: one group of that count
     if delay_us is not None:
         config.dynamic_batching.max_queue_delay_microseconds = delay_us
     copy_model(model_dir, repository / name, config)

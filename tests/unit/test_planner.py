@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2
 
 from tidepool import configfile
-from tidepool.configfile import ConfigFileError, config_text, read_config, write_config
+from tidepool.configfile import PRIORITY_STEP, ConfigFileError, config_text, read_config, write_config
 from tidepool.planning.planner import (
     Budgets,
     PlanError,
@@ -221,10 +221,13 @@ def test_elastic_threads_join_the_lone_latency_of_one_split_to_the_throughput_of
     assert "elastic: up to 2" in elastic.reasons["torch_threads"]
     existing = read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt")
     config = planned_config(existing, elastic)
-    assert config.instance_group[0].count == 2
+    # Two groups of one whose rate-limiter priorities keep a lone client on the first instance.
+    assert [(g.count, g.rate_limiter.priority) for g in config.instance_group] == [(1, 1), (1, PRIORITY_STEP)]
     assert config.parameters["TORCH_NUM_THREADS"].string_value == "2"
     assert config.parameters["ELASTIC_THREADS"].string_value == "true"
-    assert "ELASTIC_THREADS" not in planned_config(config, fixed_split).parameters
+    fixed = planned_config(config, fixed_split)
+    assert "ELASTIC_THREADS" not in fixed.parameters
+    assert [(g.count, g.HasField("rate_limiter")) for g in fixed.instance_group] == [(2, False)]
 
 
 def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():

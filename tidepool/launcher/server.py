@@ -73,6 +73,12 @@ class ServerConfig:
     # "none": the repository is loaded once; "explicit": every model is loaded at start and can be
     # reloaded with a new config through the repository API (`tidepool plan --from-server --apply`).
     model_control: str = "none"
+    # Triton's rate limiter. In "execution_count" mode an instance group's `rate_limiter { priority }`
+    # decides which idle instance takes a batch, which keeps a lone client of an elastic plan on one
+    # warm instance (docs/planning.md); configs without priorities serve as with "off" (Triton's
+    # own default): encoder on 2 cores, 1x2 and an elastic pair within the run-to-run noise of
+    # each other with and without it, at concurrency 1-16 (benchmarks/instance_priority.py).
+    rate_limit: str = "execution_count"
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, **settings: Any) -> ServerConfig:
@@ -138,6 +144,7 @@ class TritonServer:
             f"--metrics-address={c.host}",
             f"--metrics-port={c.metrics_port}",
             f"--log-verbose={c.log_verbose}",
+            f"--rate-limit={c.rate_limit}",
             f"--exit-timeout-secs={max(1, int(c.grace_s - DRAIN_MARGIN_S))}",
         ]
         if c.model_control == "explicit":

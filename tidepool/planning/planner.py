@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, write_config
+from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, set_instances, write_config
 from tidepool.errors import TidepoolError
 from tidepool.machine import planned_on_line, usable_cores
 from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
@@ -424,10 +424,9 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
         policy.timeout_action = ModelQueuePolicy.REJECT
         policy.default_timeout_microseconds = result.queue_timeout_us
         policy.allow_timeout_override = False
-    if not config.instance_group:
-        config.instance_group.add()
-    for group in config.instance_group:
-        group.count = result.instance_count
+    # An elastic plan's instances prefer the first of them: a lone client's requests then all
+    # run on one warm instance with every core instead of alternating (see set_instances).
+    set_instances(config, result.instance_count, prefer_first=result.min_threads > 0)
     config.parameters["TORCH_NUM_THREADS"].string_value = str(result.torch_threads)
     if result.min_threads:
         config.parameters["ELASTIC_THREADS"].string_value = "true"
