@@ -16,6 +16,7 @@ from tidepool.errors import TidepoolError
 
 __all__ = [
     "ModelConfig",
+    "ModelInstanceGroup",
     "ModelQueuePolicy",
     "copy_model",
     "read_config",

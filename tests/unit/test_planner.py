@@ -219,6 +219,7 @@ def test_elastic_threads_join_the_lone_latency_of_one_split_to_the_throughput_of
     assert elastic.predicted_throughput == fixed_split.predicted_throughput
     assert elastic.lone_latency_ms == whole.lone_latency_ms < fixed_split.lone_latency_ms
     assert "elastic: up to 2" in elastic.reasons["torch_threads"]
+    assert "rate-limiter priorities" in elastic.reasons["instance_count"]
     existing = read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt")
     config = planned_config(existing, elastic)
     # Two groups of one whose rate-limiter priorities keep a lone client on the first instance.

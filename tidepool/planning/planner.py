@@ -372,6 +372,11 @@ def elastic_plans(plans: Sequence[Plan], budgets: Budgets) -> list[Plan]:
                     f"takes {whole.lone_latency_ms:.1f} ms as on {whole.label}), {split.torch_threads} "
                     f"each while all {split.instance_count} are busy (the throughput of {split.label})"
                 )
+                elastic.reasons["instance_count"] = (
+                    f"{split.reasons['instance_count']}; written as groups of one with rate-limiter "
+                    "priorities, so that a lone client stays on the first instance (applies where "
+                    "tritonserver runs with --rate-limit=execution_count, as tidepool serve starts it)"
+                )
                 made.append(elastic)
     return made
 
