@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tidepool.clients.metrics import scrape, value
+from tidepool.clients.metrics import scrape, values
 from tidepool.inputs import random_inputs
 from tidepool.testing.bad_requests import CASES, MODELS, sent_wrong_shape
 
 
 def pool_in_use(server, model: str) -> float:
-    return value(scrape(server.config.metrics_url), "tidepool_pool_allocated_bytes", model=model)
+    return sum(values(scrape(server.config.metrics_url), "tidepool_pool_allocated_bytes", model=model))
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

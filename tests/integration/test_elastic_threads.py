@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from tidepool.clients.connection import Connection
-from tidepool.clients.metrics import scrape
+from tidepool.clients.metrics import scrape, values
 from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
@@ -70,9 +70,7 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
 
 def passes_per_instance(metrics_url: str, model: str) -> list[float]:
     """Forward passes of each of `model`'s elastic instances, as its metrics count them."""
-    samples = scrape(metrics_url)
-    counts = [s for s in samples if s.name == "tidepool_elastic_threads_count" and s.labels["model"] == model]
-    return sorted((s.value for s in counts), reverse=True)
+    return sorted(values(scrape(metrics_url), "tidepool_elastic_threads_count", model=model), reverse=True)
 
 
 def test_priorities_keep_a_lone_client_on_the_first_instance(tmp_path):

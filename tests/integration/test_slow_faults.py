@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import server_config
 from tidepool.clients.closed_loop import run_closed_loop
-from tidepool.clients.metrics import scrape, value
+from tidepool.clients.metrics import scrape, values
 from tidepool.launcher.server import TritonServer
 
 pytestmark = pytest.mark.slow
@@ -64,14 +64,15 @@ def load_in_background(url: str) -> tuple[threading.Thread, dict]:
 def test_soak_50000_requests_keep_memory_flat(server):
     url, total, chunk = server.config.grpc_url, 50_000, 5_000
     run_closed_loop("encoder", url, concurrency=16, duration_s=5)  # warm-up
-    stub = stub_pid(server, "encoder")
+    stub = stub_pid(server, "encoder")  # one of its instances' stubs: at c=16 every instance serves
     samples = []  # (requests so far, server RSS, stub RSS, pool reserved)
     done, failures = 0, 0
     while done < total:
         load = run_closed_loop("encoder", url, concurrency=16, duration_s=600, max_requests=chunk)
         done += len(load.latencies_ms) + len(load.errors)
         failures += len(load.errors)
-        reserved = value(scrape(server.config.metrics_url), "tidepool_pool_reserved_bytes", model="encoder")
+        pools = values(scrape(server.config.metrics_url), "tidepool_pool_reserved_bytes", model="encoder")
+        reserved = sum(pools)
         samples.append((done, rss_bytes(server.process.pid), rss_bytes(stub), reserved))
     figures = np.array(samples, dtype=float)
     slope_stub = np.polyfit(figures[:, 0], figures[:, 2], 1)[0]  # bytes per request

@@ -33,9 +33,20 @@ def scrape(url: str, timeout_s: float = 5.0) -> list[Sample]:
         return parse_metrics(response.read().decode())
 
 
+def values(samples: list[Sample], name: str, **labels: str) -> list[float]:
+    """Every sample called `name` whose labels include `labels` (one per instance of a model, say);
+    KeyError if there is none."""
+    found = [
+        sample.value
+        for sample in samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+    if not found:
+        raise KeyError(f"no metric {name} with labels {labels}")
+    return found
+
+
 def value(samples: list[Sample], name: str, **labels: str) -> float:
-    """The one sample called `name` whose labels include `labels`; KeyError if there is none."""
-    for sample in samples:
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-            return sample.value
-    raise KeyError(f"no metric {name} with labels {labels}")
+    """The first sample called `name` whose labels include `labels`: for labels that name one
+    sample, or a figure every instance of a model reports alike; KeyError if there is none."""
+    return values(samples, name, **labels)[0]
