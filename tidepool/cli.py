@@ -4,6 +4,7 @@ Any TidepoolError (and an unreachable server) ends as one line on stderr, never 
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import sys
 import time
@@ -558,6 +559,13 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(exc, (OSError, InferenceServerException)):
             print(f"tidepool {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+        if isinstance(exc, http.client.HTTPException):  # e.g. an HTTP client sent to a gRPC port
+            print(
+                f"tidepool {args.command}: error: the server did not answer in HTTP ({exc}); "
+                "is that its gRPC port? (--protocol grpc speaks gRPC)",
+                file=sys.stderr,
+            )
             return 1
         if os.environ.get("TIDEPOOL_DEBUG"):
             raise

@@ -144,3 +144,15 @@ def test_a_model_that_fails_to_load_is_reported_by_name(tmp_path):
     report = str(caught.value)
     assert "failed to load 'broken'" in report and "absent.py" in report
     assert "A model failed to load" in report
+
+
+def test_the_command_line_answers_in_one_line_and_names_a_protocol_mix_up(server, capsys):
+    from tidepool import cli
+
+    assert cli.main(["infer", "encoder", "--protocol", "grpc", "--url", server.config.grpc_url]) == 0
+    assert "EMBEDDING: shape [1, 256]" in capsys.readouterr().out
+    # HTTP (the default) sent to the gRPC port: the reason and the fix, not "a bug in Tidepool".
+    assert cli.main(["infer", "encoder", "--url", server.config.grpc_url]) == 1
+    error = capsys.readouterr().err
+    assert "did not answer in HTTP" in error and "--protocol grpc" in error and "bug" not in error
+    assert error.count("\n") == 1
