@@ -63,10 +63,13 @@ def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
     return label, seconds
 
 
-def baseline_dirs(repository: Path, planned_dir: Path, cores: int) -> tuple[str, list[str]]:
+def baseline_dirs(
+    repository: Path, planned_dir: Path, cores: int, plain_delay_us: int = PLAIN_DELAY_US
+) -> tuple[str, list[str]]:
     """`dynb`: the planned config with `dynamic_batching {}`; `plainIxT`: Triton's Python backend
-    with a 2 ms delay, one per split of the cores (I instances x T torch threads), as a plan may be
-    elastic (no fixed split) and the baseline should be the best a user would find by hand."""
+    with a delay (2 ms by default), one per split of the cores (I instances x T torch threads), as
+    a plan may be elastic (no fixed split) and the baseline should be the best a user would find by
+    hand."""
     config = read_config(planned_dir / "config.pbtxt")
     config.dynamic_batching.Clear()
     config.dynamic_batching.SetInParent()
@@ -89,7 +92,7 @@ def baseline_dirs(repository: Path, planned_dir: Path, cores: int) -> tuple[str,
         config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
         set_instances(config, cores // threads)
         config.dynamic_batching.Clear()
-        config.dynamic_batching.max_queue_delay_microseconds = PLAIN_DELAY_US
+        config.dynamic_batching.max_queue_delay_microseconds = plain_delay_us
         write_config(plain / "config.pbtxt", config)
         plains.append(name)
     return "dynb", plains

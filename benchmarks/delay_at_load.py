@@ -1,0 +1,59 @@
+"""Would the committed config serve more under load with a queue delay? On one server, in turn:
+the model as committed in model_repository/, the same with a delay, and Triton's plain Python
+backend at each split of the cores with that delay (benchmarks.plan_vs_grid's baseline); the
+median batch each formed says whether the delay packed fuller batches, the throughput whether
+that paid.
+
+    .venv/bin/python -m benchmarks.delay_at_load --model encoder [--delay-ms 2] [--levels 1,8] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from benchmarks.in_turn import Variant, add_in_turn_arguments, serve_in_turn, spread, throughputs
+from benchmarks.plan_vs_grid import PLAIN_DELAY_US, baseline_dirs
+from tidepool.configfile import copy_model, read_config
+from tidepool.machine import usable_cores
+from tidepool.spec import positive_ints
+from tidepool.testing import MODEL_REPOSITORY
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_in_turn_arguments(parser)
+    parser.add_argument("--delay-ms", type=float, default=PLAIN_DELAY_US / 1000)
+    parser.set_defaults(levels="1,8", rounds=4)
+    args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
+    delay_us = round(args.delay_ms * 1000)
+    source = MODEL_REPOSITORY / args.model
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = Path(tmp)
+        copy_model(source, repository / "committed")
+        delayed = read_config(source / "config.pbtxt")
+        delayed.dynamic_batching.max_queue_delay_microseconds = delay_us
+        copy_model(source, repository / "delayed", delayed)
+        _, plains = baseline_dirs(repository, repository / "committed", usable_cores(), delay_us)
+        variants = {
+            "committed": Variant("committed"),
+            f"committed, delay {args.delay_ms:g} ms": Variant("delayed"),
+        }
+        variants |= {
+            f"plain {name.removeprefix('plain')}, delay {args.delay_ms:g} ms": Variant(name)
+            for name in plains
+        }
+        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
+    print(f"\n{args.model}: infer/s, median (min-max) of {args.rounds} rounds; median batch formed")
+    for label in variants:
+        for level in levels:
+            runs = results[label][level]
+            batch = statistics.median(r.avg_batch for r in runs)
+            print(f"{label:>32} c={level:<3} {spread(throughputs(runs)):>22}  batch {batch:.2f}")
+
+
+if __name__ == "__main__":
+    main()
