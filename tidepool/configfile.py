@@ -90,15 +90,16 @@ def copy_model(source: Path, target: Path, config: ModelConfig | None = None) ->
 
 def set_instances(config: ModelConfig, count: int, prefer_first: bool = False) -> ModelConfig:
     """`config` edited in place to serve `count` instances in each place its groups name (a group
-    without its name, count and rate limiter: kind, devices, host policy; KIND_CPU where there is
-    no group): one group per place, or with `prefer_first`, `count` groups of one per place whose
-    rate-limiter priorities keep batches that find several instances idle on the first of them (on a
-    server started with `--rate-limit=execution_count`; any other server ignores the priorities and
-    serves the same instances). Groups that differ only in count or priority merge back."""
+    without its name, count and rate limiter: kind, devices, host policy; with no group, Triton's
+    default KIND_AUTO, a GPU where there is one): one group per place, or with `prefer_first`,
+    `count` groups of one per place whose rate-limiter priorities keep batches that find several
+    instances idle on the first of them (on a server started with `--rate-limit=execution_count`;
+    any other server ignores the priorities and serves the same instances). Groups that differ
+    only in count or priority merge back."""
     if count < 1:
         raise ConfigFileError(f"an instance count must be at least 1, got {count}")
     places: dict[bytes, ModelInstanceGroup] = {}
-    for group in config.instance_group or [ModelInstanceGroup(kind=ModelInstanceGroup.KIND_CPU)]:
+    for group in config.instance_group or [ModelInstanceGroup()]:
         place = ModelInstanceGroup()
         place.CopyFrom(group)
         for field in ("name", "count", "rate_limiter"):

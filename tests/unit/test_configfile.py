@@ -19,8 +19,8 @@ def groups(config: ModelConfig) -> list[tuple[int, int, list[int], int]]:
     return [(g.kind, g.count, list(g.gpus), g.rate_limiter.priority) for g in config.instance_group]
 
 
-def test_a_config_without_groups_gets_one_on_the_cpu():
-    assert groups(set_instances(ModelConfig(name="m"), 3)) == [(Group.KIND_CPU, 3, [], 0)]
+def test_a_config_without_groups_gets_one_where_triton_places_it_by_default():
+    assert groups(set_instances(ModelConfig(name="m"), 3)) == [(Group.KIND_AUTO, 3, [], 0)]
 
 
 def test_preferring_the_first_splits_into_groups_of_one_with_rising_priorities_and_merges_back():
@@ -53,7 +53,9 @@ def test_groups_on_other_devices_stay_apart_and_each_gets_the_count():
 
 
 def test_priorities_stop_at_the_fields_maximum():
-    config = set_instances(ModelConfig(name="m"), 6, prefer_first=True)
+    config = ModelConfig(name="m")
+    config.instance_group.add(kind=Group.KIND_CPU)
+    set_instances(config, 6, prefer_first=True)
     priorities = [g.rate_limiter.priority for g in config.instance_group]
     assert priorities[:4] == [1, PRIORITY_STEP, PRIORITY_STEP**2, PRIORITY_STEP**3]
     assert priorities[4:] == [MAX_PRIORITY, MAX_PRIORITY]
