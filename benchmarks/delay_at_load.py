@@ -14,9 +14,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Variant, add_in_turn_arguments, serve_in_turn, spread, throughputs
+from benchmarks.in_turn import (
+    Variant,
+    add_in_turn_arguments,
+    copy_variant,
+    serve_in_turn,
+    spread,
+    throughputs,
+)
 from benchmarks.plan_vs_grid import PLAIN_DELAY_US, baseline_dirs
-from tidepool.configfile import copy_model, read_config
 from tidepool.machine import usable_cores
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
@@ -33,15 +39,11 @@ def main() -> None:
     source = MODEL_REPOSITORY / args.model
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
-        copy_model(source, repository / "committed")
-        delayed = read_config(source / "config.pbtxt")
-        delayed.dynamic_batching.max_queue_delay_microseconds = delay_us
-        copy_model(source, repository / "delayed", delayed)
-        _, plains = baseline_dirs(repository, repository / "committed", usable_cores(), delay_us)
         variants = {
-            "committed": Variant("committed"),
-            f"committed, delay {args.delay_ms:g} ms": Variant("delayed"),
+            "committed": copy_variant(source, repository, "committed"),
+            f"committed, delay {args.delay_ms:g} ms": copy_variant(source, repository, "delayed", delay_us),
         }
+        _, plains = baseline_dirs(repository, repository / "committed", usable_cores(), delay_us)
         variants |= {
             f"plain {name.removeprefix('plain')}, delay {args.delay_ms:g} ms": Variant(name)
             for name in plains

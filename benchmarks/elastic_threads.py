@@ -15,33 +15,40 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Variant, add_in_turn_arguments, serve_in_turn, spread, throughputs
-from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
+from benchmarks.in_turn import (
+    Variant,
+    add_in_turn_arguments,
+    copy_variant,
+    serve_in_turn,
+    spread,
+    throughputs,
+)
 from tidepool.machine import usable_cores
 from tidepool.runtime.cores import DEFAULT_HOLD_US
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 
-def variants(source: Path, repository: Path, cores: int, holds_us: list[int]) -> dict[str, str]:
-    """label -> model name, each a copy of `source` with its split of the cores."""
+def variants(source: Path, repository: Path, cores: int, holds_us: list[int]) -> dict[str, Variant]:
+    """label -> variant, each a copy of `source` with its split of the cores and no queue delay."""
     splits = {
         f"1x{cores} fixed": (1, cores, "false", DEFAULT_HOLD_US),
         f"{cores}x1 fixed": (cores, 1, "false", DEFAULT_HOLD_US),
         **{f"{cores}x(1-{cores}) elastic {hold}us": (cores, cores, "true", hold) for hold in holds_us},
     }
-    names = {}
-    for index, (label, (instances, threads, elastic, hold)) in enumerate(splits.items()):
-        config = with_parameters(
-            read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=str(threads), ELASTIC_THREADS=elastic,
+    return {
+        label: copy_variant(
+            source,
+            repository,
+            f"v{index}",
+            delay_us=0,
+            instances=instances,
+            TORCH_NUM_THREADS=str(threads),
+            ELASTIC_THREADS=elastic,
             ELASTIC_HOLD_US=str(hold),
-        )  # fmt: skip
-        config.name = f"v{index}"
-        config.dynamic_batching.max_queue_delay_microseconds = 0
-        set_instances(config, instances)
-        copy_model(source, repository / config.name, config)
-        names[label] = config.name
-    return names
+        )
+        for index, (label, (instances, threads, elastic, hold)) in enumerate(splits.items())
+    }
 
 
 def main() -> None:
@@ -58,8 +65,7 @@ def main() -> None:
         names = variants(
             MODEL_REPOSITORY / args.model, repository, cores, positive_ints(args.holds_us, "--holds-us")
         )
-        served = {label: Variant(name) for label, name in names.items()}
-        results = serve_in_turn(repository, served, levels, args.rounds, args.window_s)
+        results = serve_in_turn(repository, names, levels, args.rounds, args.window_s)
     figures = {label: {c: throughputs(r) for c, r in runs.items()} for label, runs in results.items()}
     p99 = {label: {c: [x.p99_ms for x in r] for c, r in runs.items()} for label, runs in results.items()}
     elastic = [label for label in names if "elastic" in label]

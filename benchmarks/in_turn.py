@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
+from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
 
 
@@ -31,6 +32,26 @@ class Variant:
 
     model: str
     rate_limit: str = ServerConfig.rate_limit
+
+
+def copy_variant(
+    source: Path,
+    repository: Path,
+    name: str,
+    delay_us: int | None = None,
+    instances: int | None = None,
+    prefer_first: bool = False,
+    **parameters: str,
+) -> Variant:
+    """A copy of the model directory `source` named `name` in `repository`, its config edited: the
+    queue delay, the instance count (see set_instances) and backend parameters where given."""
+    config = with_parameters(read_config(source / "config.pbtxt"), **parameters)
+    if delay_us is not None:
+        config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    if instances is not None:
+        set_instances(config, instances, prefer_first)
+    copy_model(source, repository / name, config)
+    return Variant(name)
 
 
 def sweep(target: Target, levels: Sequence[int], window_s: float, max_windows: int = 3) -> list[LevelResult]:

@@ -16,8 +16,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Variant, add_in_turn_arguments, serve_in_turn, spread, throughputs
-from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
+from benchmarks.in_turn import (
+    Variant,
+    add_in_turn_arguments,
+    copy_variant,
+    serve_in_turn,
+    spread,
+    throughputs,
+)
 from tidepool.machine import usable_cores
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
@@ -26,16 +32,19 @@ from tidepool.testing import MODEL_REPOSITORY
 def variants(source: Path, repository: Path, cores: int) -> dict[str, Variant]:
     """label -> variant, each a copy of `source` with no queue delay."""
     shapes = {"fixed": (1, "false", False), "elastic": (cores, "true", False), "prio": (cores, "true", True)}
-    models = {}
-    for index, (shape, (instances, elastic, prioritized)) in enumerate(shapes.items()):
-        config = with_parameters(
-            read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=str(cores), ELASTIC_THREADS=elastic
-        )
-        config.name = f"v{index}"
-        config.dynamic_batching.max_queue_delay_microseconds = 0
-        set_instances(config, instances, prefer_first=prioritized)
-        copy_model(source, repository / config.name, config)
-        models[shape] = config.name
+    models = {
+        shape: copy_variant(
+            source,
+            repository,
+            f"v{index}",
+            delay_us=0,
+            instances=instances,
+            prefer_first=prioritized,
+            TORCH_NUM_THREADS=str(cores),
+            ELASTIC_THREADS=elastic,
+        ).model
+        for index, (shape, (instances, elastic, prioritized)) in enumerate(shapes.items())
+    }
     elastic = f"{cores}x(1-{cores}) elastic"
     return {
         f"1x{cores}": Variant(models["fixed"], rate_limit="off"),

@@ -30,15 +30,19 @@ def threads_histogram(metrics_url: str) -> dict[str, float]:
     }
 
 
-def test_instances_share_the_cores_and_clean_up(tmp_path):
-    cores = usable_cores()
+def copy_elastic_identity(target, prefer_first: bool = False) -> None:
+    """The identity test model at `target` as two elastic instances of up to every core each."""
     config = with_parameters(
         read_config(TEST_MODELS / "identity" / "config.pbtxt"),
-        TORCH_NUM_THREADS=str(cores),
+        TORCH_NUM_THREADS=str(usable_cores()),
         ELASTIC_THREADS="true",
     )
-    config.instance_group[0].count = 2
-    copy_model(TEST_MODELS / "identity", tmp_path / "repository" / "identity", config)
+    copy_model(TEST_MODELS / "identity", target, set_instances(config, 2, prefer_first))
+
+
+def test_instances_share_the_cores_and_clean_up(tmp_path):
+    cores = usable_cores()
+    copy_elastic_identity(tmp_path / "repository" / "identity")
     server_config = ServerConfig.on_free_ports(tmp_path / "repository")
     with TritonServer(server_config) as server:
         assert server.process is not None
@@ -77,16 +81,9 @@ def test_priorities_keep_a_lone_client_on_the_first_instance(tmp_path):
     """What `tidepool plan` writes for an elastic plan, on the server `tidepool serve` starts: a
     lone client's requests all run on one instance. The same instances without priorities take
     them in turn, which is what the priorities are there to avoid."""
-    cores = usable_cores()
-    base = with_parameters(
-        read_config(TEST_MODELS / "identity" / "config.pbtxt"),
-        TORCH_NUM_THREADS=str(cores),
-        ELASTIC_THREADS="true",
-    )
     repository = tmp_path / "repository"
     for name, prefer_first in (("preferring", True), ("in_turn", False)):
-        config = set_instances(with_parameters(base), 2, prefer_first=prefer_first)
-        copy_model(TEST_MODELS / "identity", repository / name, config)
+        copy_elastic_identity(repository / name, prefer_first)
     server_config = ServerConfig.on_free_ports(repository)
     assert server_config.rate_limit == "execution_count"  # the launcher's default
     with TritonServer(server_config), Connection.open("grpc", server_config.grpc_url) as grpc:
