@@ -136,6 +136,7 @@ def _measure(
     trace: Path | None = None,
     known_output_difference: dict[str, float] | None = None,
     latency_budget_ms: float | None = None,
+    graph: str = "eager",
 ) -> Any:
     """One profile of the model, as `tidepool profile` and `tidepool plan` take it; planning stops
     doubling past the latency budget (no larger batch can serve within it) unless told otherwise."""
@@ -147,6 +148,7 @@ def _measure(
         device=args.device,
         precision=precision,
         torch_threads=threads,
+        graph=graph,
         max_latency_ms=args.max_latency_ms or latency_budget_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
         max_seconds_per_point=args.seconds_per_point,
@@ -161,7 +163,12 @@ def _profile(args: argparse.Namespace) -> int:
 
     model_dir = Path(args.model_dir)
     profile = _measure(
-        args, model_dir, args.precision, args.threads, Path(args.trace) if args.trace else None
+        args,
+        model_dir,
+        args.precision,
+        args.threads,
+        Path(args.trace) if args.trace else None,
+        graph=args.graph,
     )
     print(file=sys.stderr)
     out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}.json")
@@ -207,15 +214,16 @@ def _plan(args: argparse.Namespace) -> int:
 
         precisions = precisions_to_try(args.device, args.max_output_error)
         print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
-        profiles, screens = profiles_to_plan(
+        profiles, screens, graph_screen = profiles_to_plan(
             model_dir, splits, precisions, args.max_output_error,
-            lambda precision, threads, known: _measure(
+            lambda precision, threads, known, graph: _measure(
                 args, model_dir, precision, threads,
-                known_output_difference=known, latency_budget_ms=budgets.latency_ms,
+                known_output_difference=known, latency_budget_ms=budgets.latency_ms, graph=graph,
             ),
             device=args.device, progress=progress_printer,
         )  # fmt: skip
         print(file=sys.stderr)
+        print(f"graph: {graph_screen.reason}")
         for screen in screens:
             print(f"{screen.precision}: {screen.reason}" + ("" if screen.kept else "; not profiled"))
     if args.from_server:
@@ -465,6 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument("--trace", metavar="FILE", help="also write a Chrome trace of one batch")
     profile.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32")
+    profile.add_argument(
+        "--graph",
+        choices=["eager", "frozen"],
+        default="eager",
+        help="run the module as loaded, or traced and frozen (the GRAPH parameter; default: eager)",
+    )
     profile.add_argument(
         "--threads", type=int, help="torch threads (default: the config's TORCH_NUM_THREADS)"
     )

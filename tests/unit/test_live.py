@@ -177,6 +177,8 @@ def test_the_served_config_is_named_as_plans_are():
     assert served_label(config, cores=2) == "2x2 bf16 b8 d0.5ms"
     config["parameters"]["ELASTIC_THREADS"] = {"string_value": "true"}
     assert served_label(config, cores=2) == "2x1-2 bf16 b8 d0.5ms"
+    config["parameters"]["GRAPH"] = {"string_value": "frozen"}
+    assert served_label(config, cores=2) == "2x1-2 bf16 frozen b8 d0.5ms"
 
 
 def test_with_elastic_threads_one_config_serves_light_and_heavy_traffic(profiles):

@@ -117,7 +117,11 @@ def test_the_backend_reports_pool_figures_and_batch_sizes_as_metrics(pb_utils, m
     assert families["tidepool_batch_size"].metrics[0].observed == [6.0, 6.0]
     assert "tidepool_elastic_threads" not in families  # only elastic instances share cores
     [(level, logged)] = pb_utils.state.logged
-    assert level == "info" and "tokens_0: cpu, fp32; pool host" in logged and "custom metrics on" in logged
+    assert (
+        level == "info"
+        and "tokens_0: cpu, fp32, eager graph; pool host" in logged
+        and "custom metrics on" in logged
+    )
 
 
 def test_with_metrics_off_the_model_loads_serves_and_says_so(pb_utils, tmp_path):

@@ -245,6 +245,18 @@ def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():
     assert config.parameters["TORCH_NUM_THREADS"].string_value == "2"
 
 
+def test_a_frozen_graph_is_written_and_named_as_profiled():
+    frozen = variant("encoder", 2)
+    frozen.graph, frozen.graph_reason = "frozen", "frozen: outputs within 0 of eager"
+    result = plan(frozen, BUDGETS_2_CORES)
+    assert result.graph == "frozen" and "fp32 frozen" in result.label
+    assert result.reasons["graph"] == "frozen: outputs within 0 of eager"
+    config = planned_config(read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt"), result)
+    assert config.parameters["GRAPH"].string_value == "frozen"
+    eager = planned_config(config, plan(variant("encoder", 2), BUDGETS_2_CORES))
+    assert "GRAPH" not in eager.parameters  # eager is the default: a re-plan takes it back out
+
+
 def test_verification_serves_the_best_of_each_way_to_use_the_cores_before_the_next_best():
     # The top three by rank are two ways to use the cores in int8 and one again in fp32: 1x2 (best
     # for a lone request) would not be served.

@@ -1,11 +1,17 @@
-"""Which lower precisions planning profiles: the screen (outputs against fp32 within the budget,
-then faster than fp32) on a real model, and the profiles taken from its verdicts."""
+"""Which lower precisions and graphs planning profiles: the screens (outputs against fp32 or eager
+within the budget, then faster) on a real model, and the profiles taken from their verdicts."""
 
 from __future__ import annotations
 
 from tidepool.planning import profiler
 from tidepool.planning.profile import Profile
-from tidepool.planning.profiler import PrecisionScreen, profiles_to_plan, screen_precision
+from tidepool.planning.profiler import (
+    GraphScreen,
+    PrecisionScreen,
+    profiles_to_plan,
+    screen_graph,
+    screen_precision,
+)
 from tidepool.testing import MODEL_REPOSITORY
 
 ENCODER = MODEL_REPOSITORY / "encoder"
@@ -26,6 +32,15 @@ def test_a_precision_within_the_budget_is_timed_against_fp32():
     assert f"{screen.speedup:.2f}x its speed at batch 2" in screen.reason
 
 
+def test_a_frozen_graph_with_the_same_outputs_is_kept_only_where_it_is_faster():
+    screen = screen_graph(ENCODER, "cpu", max_output_error=0.0, torch_threads=1, seconds=0.6)
+    assert screen.error == 0.0 and min(screen.speedups) > 0  # the encoder freezes bit for bit
+    faster = screen.speedups[0] >= profiler.GRAPH_SPEEDUP_TO_KEEP
+    not_slower = screen.speedups[1] >= 1 / profiler.GRAPH_SPEEDUP_TO_KEEP
+    assert screen.graph == ("frozen" if faster and not_slower else "eager")
+    assert screen.reason.startswith(screen.graph) and "for a lone request" in screen.reason
+
+
 def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkeypatch):
     verdicts = {"bf16": False, "int8": True}
     screened: list[tuple[str, int | None]] = []
@@ -34,18 +49,30 @@ def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkey
         screened.append((precision, torch_threads))
         return PrecisionScreen(precision, {"Y_max_abs": 0.004}, 1.5, 8, verdicts[precision], "why")
 
+    def screen_graph(model_dir, device, max_output_error, torch_threads=None, **_):
+        screened.append(("graph", torch_threads))
+        return GraphScreen("frozen", 0.0, 0.0, (1.1, 1.05), "frozen: why")
+
     measured = []
 
-    def measure(precision: str, threads: int, known: dict[str, float] | None) -> Profile:
-        measured.append((precision, threads, known))
+    def measure(precision: str, threads: int, known: dict[str, float] | None, graph: str) -> Profile:
+        measured.append((precision, threads, known, graph))
         return Profile("m", "cpu", precision, threads, 0, [])
 
     monkeypatch.setattr(profiler, "screen_precision", screen)
-    profiles, screens = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], 0.01, measure)
-    assert screened == [("bf16", 2), ("int8", 2)]  # at the first split only
-    assert [s.precision for s in screens] == ["bf16", "int8"]
+    monkeypatch.setattr(profiler, "screen_graph", screen_graph)
+    profiles, screens, graph = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], 0.01, measure)
+    assert screened == [("graph", 2), ("bf16", 2), ("int8", 2)]  # at the first split only
+    assert [s.precision for s in screens] == ["bf16", "int8"] and graph.graph == "frozen"
     known = {"Y_max_abs": 0.004}
-    assert measured == [("fp32", 2, None), ("int8", 2, known), ("fp32", 1, None), ("int8", 1, known)]
+    # The frozen graph is profiled for fp32; a lower precision runs eager.
+    assert measured == [
+        ("fp32", 2, None, "frozen"),
+        ("int8", 2, known, "eager"),
+        ("fp32", 1, None, "frozen"),
+        ("int8", 1, known, "eager"),
+    ]
+    assert [p.graph_reason for p in profiles] == ["frozen: why", "", "frozen: why", ""]
     assert [(p.precision, p.torch_threads) for p in profiles] == [
         ("fp32", 2),
         ("int8", 2),

@@ -187,8 +187,8 @@ def served_label(config: dict[str, Any], cores: int) -> str:
         cores,
         elastic=parameters.get("ELASTIC_THREADS", "false") == "true",
     )
-    precision = parameters.get("PRECISION", "fp32")
-    return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay)
+    precision, graph = parameters.get("PRECISION", "fp32"), parameters.get("GRAPH", "eager")
+    return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay, graph)
 
 
 def decide(

@@ -73,6 +73,7 @@ class Plan:
     # torch_threads (running alone); 0: fixed at torch_threads.
     min_threads: int = 0
     precision: str = "fp32"
+    graph: str = "eager"  # or "frozen" (runtime/graph.py)
     predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
     lone_latency_ms: float = 0.0  # what a request that arrives alone waits and runs (p50)
     profile: Profile | None = field(default=None, repr=False)  # what it was planned from
@@ -85,6 +86,7 @@ class Plan:
             self.precision,
             self.max_batch_size,
             self.max_queue_delay_us,
+            self.graph,
         )
 
     def describe(self) -> str:
@@ -95,11 +97,18 @@ class Plan:
 
 
 def config_label(
-    instances: int, threads: int | str, precision: str, max_batch_size: int, delay_us: int
+    instances: int,
+    threads: int | str,
+    precision: str,
+    max_batch_size: int,
+    delay_us: int,
+    graph: str = "eager",
 ) -> str:
     """A config's short name, the same for a plan and for what a server serves: '2x1 fp32 b8 d0ms'
-    (instances x torch threads, precision, max batch size, queue delay; '2x1-2' for elastic threads)."""
-    return f"{instances}x{threads} {precision} b{max_batch_size} d{delay_us / 1000:g}ms"
+    (instances x torch threads, precision, max batch size, queue delay; '2x1-2' for elastic threads,
+    'fp32 frozen' for a frozen graph)."""
+    runs_as = precision if graph == "eager" else f"{precision} {graph}"
+    return f"{instances}x{threads} {runs_as} b{max_batch_size} d{delay_us / 1000:g}ms"
 
 
 def served_threads(instances: int, threads: int, cores: int, elastic: bool) -> str:
@@ -114,6 +123,7 @@ def served_threads(instances: int, threads: int, cores: int, elastic: bool) -> s
 PLAN_FIELDS = [
     ("TORCH_NUM_THREADS", "torch_threads"),
     ("PRECISION", "precision"),
+    ("GRAPH", "graph"),
     ("max_batch_size", "max_batch_size"),
     ("preferred_batch_size", "preferred_batch_sizes"),
     ("max_queue_delay_microseconds", "max_queue_delay_us"),
@@ -286,6 +296,7 @@ def plan_for(profile: Profile, budgets: Budgets) -> Plan:
         profile=profile,
         torch_threads=profile.torch_threads,
         precision=profile.precision,
+        graph=profile.graph,
         predicted_throughput=capacity(profile, batch.value, instances.value),
         lone_latency_ms=lone_point(profile).latency_p50_ms + delay.value / 1000,
         max_batch_size=batch.value,
@@ -309,6 +320,7 @@ def plan_for(profile: Profile, budgets: Budgets) -> Plan:
             "torch_threads": f"as profiled on {profile.machine or 'this machine'}",
             "precision": "fp32" if profile.precision == "fp32"
             else f"outputs within {output_error(profile):.3g} of fp32 (max abs), <= --max-output-error",
+            "graph": profile.graph_reason or f"{profile.graph}: as profiled",
         },
     )  # fmt: skip
 
@@ -438,6 +450,10 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     else:
         config.parameters.pop("ELASTIC_THREADS", None)  # off by default
     config.parameters["PRECISION"].string_value = result.precision
+    if result.graph == "eager":
+        config.parameters.pop("GRAPH", None)  # the default
+    else:
+        config.parameters["GRAPH"].string_value = result.graph
     config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
     config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)
     config.parameters.pop("POOL_WARMUP_BATCH_SIZES", None)  # follows max_batch_size at load
@@ -453,7 +469,8 @@ def plan_header(budgets: Budgets, result: Plan, notes: Sequence[str] = ()) -> li
         planned_on_line(profile.machine or "an unrecorded machine"),
         f"Budgets: memory {budgets.memory_bytes / MIB:.0f} MiB x headroom {budgets.headroom}, "
         f"latency {budgets.latency_ms} ms, {budgets.cores} cores, output error {budgets.max_output_error}.",
-        f"Profile: {profile.device}, {profile.precision}, {profile.torch_threads} torch threads; static "
+        f"Profile: {profile.device}, {profile.precision}, {profile.graph} graph, {profile.torch_threads} "
+        f"torch threads; static "
         f"{profile.static_bytes / MIB:.1f} MiB; memory(b) = static + "
         f"{profile.per_sample_bytes / MIB:.3f} MiB x b + {profile.workspace_bytes / MIB:.3f} MiB.",
         f"At batch {result.max_batch_size}: p50 {point.latency_p50_ms:.1f} ms, "

@@ -52,6 +52,8 @@ class Profile:
     output_difference: dict[str, float] = field(default_factory=dict)  # against fp32
     seconds: float = 0.0
     machine: str = ""  # where it was measured (tidepool.machine.describe_machine)
+    graph: str = "eager"  # or "frozen" (runtime/graph.py)
+    graph_reason: str = ""  # why `tidepool plan` profiled that graph
 
     def predict_bytes(self, batch: int) -> int:
         return int(self.static_bytes + self.per_sample_bytes * batch + self.workspace_bytes)

@@ -18,7 +18,8 @@ from tidepool.inputs import random_inputs
 from tidepool.machine import describe_machine
 from tidepool.planning.memory_tracker import TensorMemoryTracker
 from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
-from tidepool.runtime.instance import ModelInstance
+from tidepool.runtime.graph import GraphError, weight_tensors
+from tidepool.runtime.instance import ModelInstance, Result
 
 
 class ProfileError(TidepoolError):
@@ -26,7 +27,12 @@ class ProfileError(TidepoolError):
 
 
 def _instance(
-    model_dir: Path, batch_sizes: Sequence[int], device: str, precision: str, torch_threads: int | None = None
+    model_dir: Path,
+    batch_sizes: Sequence[int],
+    device: str,
+    precision: str,
+    torch_threads: int | None = None,
+    graph: str = "eager",
 ) -> ModelInstance:
     config = read_config_dict(model_dir / "config.pbtxt")  # a fresh dict: ours to change
     config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
@@ -34,6 +40,7 @@ def _instance(
     parameters.update(
         DEVICE={"string_value": device},
         PRECISION={"string_value": precision},
+        GRAPH={"string_value": graph},
         POOL={"string_value": "on"},
         POOL_WARMUP_BATCH_SIZES={"string_value": "1"},
     )
@@ -45,13 +52,10 @@ def _instance(
 
 
 def _static_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the weights and buffers (quantized packed weights included), shared ones once."""
-    from torch.utils._pytree import tree_flatten
-
+    """Bytes of the weights and buffers (quantized packed weights and a frozen graph's constants
+    included), shared ones once."""
     seen, total = set(), 0
-    for tensor in tree_flatten(dict(module.state_dict()))[0]:
-        if not isinstance(tensor, torch.Tensor):
-            continue
+    for tensor in weight_tensors(module):
         key = id(tensor) if tensor.is_quantized else tensor.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)
@@ -108,16 +112,12 @@ def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_
     )
 
 
-def _differences(low: ModelInstance, full: ModelInstance, precision: str, batch: int) -> dict[str, float]:
-    """How far `low`'s outputs are from `full`'s (fp32) on the same `batch` requests."""
-    requests = _rows(full, batch, seed=7)
+def _compare(ours_all: Sequence[Result], reference_all: Sequence[Result], what: str) -> dict[str, float]:
+    """Per output, the largest absolute and relative (L2) difference of `ours_all` from `reference_all`."""
     differences: dict[str, float] = {}
-    ours_all, reference_all = low.execute(requests).results, full.execute(requests).results
     for a, b in zip(ours_all, reference_all, strict=True):
         if isinstance(a, Exception) or isinstance(b, Exception):
-            raise ProfileError(
-                f"comparing {precision} with fp32: a request failed: {a if isinstance(a, Exception) else b}"
-            )
+            raise ProfileError(f"{what}: a request failed: {a if isinstance(a, Exception) else b}")
         for name in b:
             ours, reference = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
             differences[f"{name}_max_abs"] = max(
@@ -130,6 +130,25 @@ def _differences(low: ModelInstance, full: ModelInstance, precision: str, batch:
     return differences
 
 
+def _differences(low: ModelInstance, full: ModelInstance, what: str, batch: int) -> dict[str, float]:
+    """How far `low`'s outputs are from `full`'s on the same `batch` requests of one row."""
+    requests = _rows(full, batch, seed=7)
+    return _compare(low.execute(requests).results, full.execute(requests).results, what)
+
+
+def _batching_difference(instance: ModelInstance, batch: int) -> float:
+    """How far batching alone moves a request's outputs: `batch` requests run together against each
+    run alone, in the same instance (the largest absolute difference)."""
+    requests = _rows(instance, batch, seed=7)
+
+    def kept(result: Result) -> Result:  # a copy: the next execute reuses the pool's blocks
+        return result if isinstance(result, Exception) else {k: np.array(v) for k, v in result.items()}
+
+    together = [kept(r) for r in instance.execute(requests).results]
+    alone = [kept(instance.execute([request]).results[0]) for request in requests]
+    return max_abs_difference(_compare(together, alone, "running requests alone and batched"))
+
+
 def output_difference(
     model_dir: Path, device: str, precision: str, batch: int, torch_threads: int | None = None
 ) -> dict[str, float]:
@@ -137,7 +156,7 @@ def output_difference(
     low = _instance(model_dir, [batch], device, precision, torch_threads)
     full = _instance(model_dir, [batch], device, "fp32", torch_threads)
     try:
-        return _differences(low, full, precision, batch)
+        return _differences(low, full, f"comparing {precision} with fp32", batch)
     finally:
         low.close()
         full.close()
@@ -172,6 +191,18 @@ def _samples_per_s(instance: ModelInstance, requests: list[dict[str, np.ndarray]
     return passes * len(requests) / (time.perf_counter() - began)
 
 
+def _speedup(
+    ours: ModelInstance, reference: ModelInstance, requests: list[dict[str, np.ndarray]], seconds: float
+) -> float:
+    """`ours`'s samples/s over `reference`'s on `requests`, timed in turn for three rounds (so that
+    drift falls on both) over `seconds` in all."""
+    rates: tuple[list[float], list[float]] = ([], [])
+    for _ in range(3):
+        for measured, instance in zip(rates, (ours, reference), strict=True):
+            measured.append(_samples_per_s(instance, requests, seconds / 6))
+    return float(np.median(rates[0]) / np.median(rates[1]))
+
+
 def screen_precision(
     model_dir: Path,
     device: str,
@@ -186,17 +217,12 @@ def screen_precision(
     low = _instance(model_dir, [batch], device, precision, torch_threads)
     full = _instance(model_dir, [batch], device, "fp32", torch_threads)
     try:
-        difference = _differences(low, full, precision, batch)
+        difference = _differences(low, full, f"comparing {precision} with fp32", batch)
         error = max_abs_difference(difference)
         if error > max_output_error:
             reason = f"outputs differ from fp32 by {error:.3g} > --max-output-error {max_output_error}"
             return PrecisionScreen(precision, difference, 0.0, batch, False, reason)
-        requests = _rows(full, batch, seed=batch)
-        rates: dict[str, list[float]] = {"fp32": [], precision: []}
-        for _ in range(3):
-            for name, instance in (("fp32", full), (precision, low)):
-                rates[name].append(_samples_per_s(instance, requests, seconds / 6))
-        speedup = float(np.median(rates[precision]) / np.median(rates["fp32"]))
+        speedup = _speedup(low, full, _rows(full, batch, seed=batch), seconds)
         kept = speedup >= SPEEDUP_TO_KEEP
         reason = f"outputs within {error:.3g} of fp32, {speedup:.2f}x its speed at batch {batch}" + (
             "" if kept else f" (< {SPEEDUP_TO_KEEP}x: not worth changing the numerics)"
@@ -207,12 +233,74 @@ def screen_precision(
         full.close()
 
 
+# A frozen graph is profiled when it is at least this much faster than eager for a lone request
+# and no slower for a batch (a lone request gains most: it pays the Python per operator alone).
+GRAPH_SPEEDUP_TO_KEEP = 1.03
+GRAPH_BATCH = 4  # the batch it must not be slower at
+
+
+@dataclass
+class GraphScreen:
+    """Which graph the profiles use: frozen where it keeps the outputs and runs faster."""
+
+    graph: str  # "frozen" or "eager"
+    error: float  # frozen against eager, max abs (inf: it could not be frozen)
+    batching_error: float  # what batching alone does to eager's outputs, max abs
+    speedups: tuple[float, float]  # samples/s over eager's, a lone request and GRAPH_BATCH
+    reason: str
+
+
+def screen_graph(
+    model_dir: Path,
+    device: str,
+    max_output_error: float,
+    torch_threads: int | None = None,
+    seconds: float = 2.0,
+) -> GraphScreen:
+    """Freeze the fp32 model (runtime/graph.py) and keep it where its outputs stay within the error
+    budget or within what batching alone moves them by (a request's outputs already differ by
+    that between a batch of one and a larger one), and it is faster (GRAPH_SPEEDUP_TO_KEEP)."""
+    eager = _instance(model_dir, [GRAPH_BATCH], device, "fp32", torch_threads)
+    try:
+        try:
+            frozen = _instance(model_dir, [GRAPH_BATCH], device, "fp32", torch_threads, graph="frozen")
+        except GraphError as exc:
+            return GraphScreen("eager", float("inf"), 0.0, (0.0, 0.0), f"eager: {exc}")
+        try:
+            error = max_abs_difference(
+                _differences(frozen, eager, "comparing frozen with eager", GRAPH_BATCH)
+            )
+            batching = _batching_difference(eager, GRAPH_BATCH)
+            allowed = max(max_output_error, batching)
+            if error > allowed:
+                reason = (f"eager: frozen outputs differ by {error:.3g}, more than batching alone "
+                          f"({batching:.3g}) and --max-output-error {max_output_error}")  # fmt: skip
+                return GraphScreen("eager", error, batching, (0.0, 0.0), reason)
+            speedups = (
+                _speedup(frozen, eager, _rows(eager, 1, seed=1), seconds / 2),
+                _speedup(frozen, eager, _rows(eager, GRAPH_BATCH, seed=1), seconds / 2),
+            )
+        finally:
+            frozen.close()
+    finally:
+        eager.close()
+    kept = speedups[0] >= GRAPH_SPEEDUP_TO_KEEP and speedups[1] >= 1 / GRAPH_SPEEDUP_TO_KEEP
+    figures = (
+        f"outputs within {error:.3g} of eager (batching alone: {batching:.3g}), {speedups[0]:.2f}x its "
+        f"speed for a lone request, {speedups[1]:.2f}x at batch {GRAPH_BATCH}"
+    )
+    if kept:
+        return GraphScreen("frozen", error, batching, speedups, f"frozen: {figures}")
+    return GraphScreen("eager", error, batching, speedups, f"eager: frozen is not clearly faster ({figures})")
+
+
 def profile_model(
     model_dir: Path | str,
     batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     device: str = "cpu",
     precision: str = "fp32",
     torch_threads: int | None = None,
+    graph: str = "eager",
     max_latency_ms: float | None = None,
     memory_limit_bytes: int | None = None,
     min_iterations: int = 10,
@@ -225,11 +313,12 @@ def profile_model(
     than fp32, also its outputs against fp32's (`known_output_difference` spares measuring them again)."""
     model_dir = Path(model_dir)
     began = time.perf_counter()
-    instance = _instance(model_dir, batch_sizes, device, precision, torch_threads)
+    instance = _instance(model_dir, batch_sizes, device, precision, torch_threads, graph)
     profile = Profile(
         model=instance.model.name or model_dir.name,
         device=device,
         precision=precision,
+        graph=graph,
         torch_threads=instance.process.torch_threads,
         machine=describe_machine(
             device, torch.cuda.get_device_name(instance.device) if device != "cpu" else None
@@ -286,14 +375,18 @@ def profiles_to_plan(
     splits: Sequence[int],
     precisions: Sequence[str],
     max_output_error: float,
-    measure: Callable[[str, int, dict[str, float] | None], Profile],
+    measure: Callable[[str, int, dict[str, float] | None, str], Profile],
     device: str = "cpu",
     progress: Callable[[str], None] = lambda text: None,
-) -> tuple[list[Profile], list[PrecisionScreen]]:
+) -> tuple[list[Profile], list[PrecisionScreen], GraphScreen]:
     """The profiles a plan chooses from: fp32 at every split (torch threads per instance), and each
     lower precision at every split only where its screen (outputs within the budget, faster than
-    fp32; measured at the first split) keeps it. `measure(precision, threads, known output
-    difference)` takes one profile. Also the screens, to say why a precision was left out."""
+    fp32; measured at the first split) keeps it; fp32 as a frozen graph where its screen keeps that.
+    `measure(precision, threads, known output difference, graph)` takes one profile. Also the
+    screens, to say why a precision or graph was left out."""
+    progress(f"screening a frozen graph against eager ({splits[0]} threads)")
+    graph = screen_graph(model_dir, device, max_output_error, torch_threads=splits[0])
+    progress(f"graph: {graph.reason}")
     screens = []
     for precision in precisions:
         if precision == "fp32":
@@ -303,10 +396,13 @@ def profiles_to_plan(
         progress(f"{precision}: {screen.reason}")
         screens.append(screen)
     kept = {s.precision: s.output_difference for s in screens if s.kept}
-    profiles = [
-        measure(precision, threads, kept.get(precision))
-        for threads in splits
-        for precision in precisions
-        if precision == "fp32" or precision in kept
-    ]
-    return profiles, screens
+    profiles = []
+    for threads in splits:
+        for precision in precisions:
+            if precision == "fp32":
+                profile = measure(precision, threads, None, graph.graph)
+                profile.graph_reason = graph.reason
+                profiles.append(profile)
+            elif precision in kept:
+                profiles.append(measure(precision, threads, kept[precision], "eager"))
+    return profiles, screens, graph

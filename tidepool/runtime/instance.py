@@ -13,11 +13,13 @@ from typing import Any, cast
 import torch
 
 from tidepool.errors import TidepoolError
+from tidepool.inputs import random_inputs
 from tidepool.machine import usable_cores
 from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
 from tidepool.runtime.cores import CoreShare
+from tidepool.runtime.graph import freeze
 from tidepool.runtime.loader import ModelLoadError, load_model
 from tidepool.runtime.process import (
     ProcessRequest,
@@ -106,6 +108,9 @@ class ModelInstance:
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
         self.module = apply_precision(module, settings.precision).to(self.device)
+        self.graph_notes: list[str] = []
+        if settings.graph == "frozen":
+            self.module = self._frozen(self.module)
         self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
         self.warmup_notes: list[str] = []
         self._held: Execution | None = None  # the last execution, whose blocks its outputs use
@@ -129,6 +134,21 @@ class ModelInstance:
                 self.pool.resource.set_as_device_default()  # type: ignore[attr-defined]  # torch's own too
         self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
 
+    def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module traced at batch 2 (or the largest it takes) and frozen, checked at batch 1 and
+        at the largest warm-up size; the eager module is dropped, so its weights are held once."""
+        top = max(self.model.max_batch_size, 1)
+        trace_batch = min(2, top)
+        checks = sorted({1, max(self.settings.warmup_batch_sizes, default=1), trace_batch} - {trace_batch})
+        if not checks or not self.model.batched:
+            checks = [trace_batch]  # another draw of the same shape
+        frozen, self.graph_notes = freeze(
+            module,
+            self._tensors(random_inputs(self.model, trace_batch, seed=1)),
+            [self._tensors(random_inputs(self.model, batch, seed=2)) for batch in checks],
+        )
+        return frozen
+
     @classmethod
     def load(
         cls,
@@ -151,7 +171,7 @@ class ModelInstance:
     def describe(self) -> str:
         """One line for the log: where the instance runs, its pool, the process's settings."""
         pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
-        notes = [*self.settings.notes, *self.process_notes, *self.warmup_notes]
+        notes = [*self.settings.notes, *self.process_notes, *self.graph_notes, *self.warmup_notes]
         if self.settings.plan_generation:
             notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
         share = self.core_share
@@ -161,8 +181,9 @@ class ModelInstance:
             if share
             else ""
         )
+        s = self.settings
         return (
-            f"{self.settings.device}, {self.settings.precision}; {pool}; {self.process.describe()}{threads}"
+            f"{s.device}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
             + "".join(f"; NOTE: {note}" for note in notes)
         )
 
@@ -311,12 +332,7 @@ class ModelInstance:
     ) -> Outputs:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
-        tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
-        if self.compute_dtype is not None:
-            tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
-        if self.device.type == "cuda":
-            # From pinned staging (or pageable memory when the pool is off) onto the device.
-            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
+        tensors = self._tensors(batch)
         with torch.inference_mode():
             produced = self._name_outputs(self.module(*tensors))
             outputs: Outputs = {}
@@ -332,6 +348,16 @@ class ModelInstance:
                     torch.from_numpy(out).copy_(tensor)
                     outputs[spec.name] = out
         return outputs
+
+    def _tensors(self, batch: dict[str, Array]) -> list[torch.Tensor]:
+        """The module's arguments: the inputs in config order, in the compute precision, on the device."""
+        tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.compute_dtype is not None:
+            tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
+        if self.device.type == "cuda":
+            # From pinned staging (or pageable memory when the pool is off) onto the device.
+            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
+        return tensors
 
     def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
         names = [spec.name for spec in self.model.outputs]

@@ -13,6 +13,7 @@ from tidepool.spec import ConfigError, ModelSpec, positive_ints
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+GRAPHS = ("eager", "frozen")  # see runtime/graph.py
 POOL_KINDS = ("auto", "host", "pinned", "cuda")
 
 
@@ -90,6 +91,7 @@ class InstanceSettings:
     elastic_hold_us: int
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
+    graph: str  # eager, or frozen (runtime/graph.py)
     pool_enabled: bool
     pool_kind: str
     pool_limit_bytes: int | None
@@ -146,6 +148,7 @@ class InstanceSettings:
             allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
             device=device,
             precision=precision,
+            graph=model.choice_param("GRAPH", GRAPHS, "eager"),
             pool_enabled=model.choice_param("POOL", ("on", "off"), "on") == "on",
             pool_kind=model.choice_param("POOL_KIND", POOL_KINDS, "auto"),
             pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
