@@ -1,4 +1,5 @@
-"""The pool on a real GPU: device blocks, views, the owned cuMemPool and torch drawing from it.
+"""The pool on a real GPU: device blocks, views, the owned cuMemPool and torch drawing from it;
+and a frozen graph on the GPU.
 Marked `gpu`; skipped with the reason where no CUDA device is present."""
 
 import os
@@ -72,3 +73,27 @@ def test_torch_allocations_come_from_the_pool():
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_frozen_graph_runs_on_the_gpu_and_answers_as_eager(tmp_path):
+    import copy
+
+    from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
+    from tidepool.inputs import random_inputs
+    from tidepool.runtime.instance import ModelInstance
+
+    model_dir = tiny_model_dir(tmp_path)
+    instances = {}
+    for graph in ("eager", "frozen"):
+        config = copy.deepcopy(TOKENS_CONFIG)
+        config["parameters"] |= {"GRAPH": {"string_value": graph}, "DEVICE": {"string_value": "cuda"}}
+        instances[graph] = ModelInstance.load(config, model_dir)
+    requests = [random_inputs(instances["eager"].model, batch=rows, seed=rows) for rows in (1, 3)]
+    answers = {
+        graph: [r["OUT"].cpu().numpy() for r in instance.execute(requests).results]
+        for graph, instance in instances.items()
+    }
+    for frozen, eager in zip(answers["frozen"], answers["eager"], strict=True):
+        np.testing.assert_array_equal(frozen, eager)
+    for instance in instances.values():
+        instance.close()

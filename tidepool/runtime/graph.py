@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -22,15 +23,16 @@ class GraphError(ModelLoadError):
     """The model cannot run as the graph its config asks for; says why and what to set instead."""
 
 
-def _flat_outputs(raw: object) -> list[torch.Tensor]:
+def _flat_outputs(raw: Any) -> list[torch.Tensor]:
+    """A module's outputs (a tensor, a tuple or a dict by name) as one list in a fixed order."""
     if isinstance(raw, torch.Tensor):
         return [raw]
     if isinstance(raw, dict):
         return [raw[key] for key in sorted(raw)]
-    return [t for t in raw]  # type: ignore[attr-defined]
+    return list(raw)
 
 
-def largest_difference(ours: object, reference: object) -> float:
+def largest_difference(ours: Any, reference: Any) -> float:
     """The largest absolute difference over every output, relative to the reference's largest value."""
     worst = 0.0
     for a, b in zip(_flat_outputs(ours), _flat_outputs(reference), strict=True):
