@@ -1,0 +1,63 @@
+"""Would another number of instances serve more? On one server, in turn: the model as committed in
+model_repository/ (an elastic pair on 2 cores), the same config with more instances (groups of one
+with rate-limiter priorities, threads shared among the busy ones, so an instance whose batch is
+ready waits for a core instead of the core waiting for its batch), and one instance with every
+core and a queue delay (which pairs the requests of two clients into one batch).
+
+    .venv/bin/python -m benchmarks.instances_at_load --model encoder [--instances 3,4]
+        [--one-instance-delays-ms 1] [--levels 1,2,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from benchmarks.in_turn import add_in_turn_arguments, copy_variant, serve_in_turn, spread, throughputs
+from tidepool.configfile import read_config
+from tidepool.machine import usable_cores
+from tidepool.spec import positive_ints
+from tidepool.testing import MODEL_REPOSITORY
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_in_turn_arguments(parser)
+    parser.add_argument("--instances", default="3,4", help="instance counts to try beside the committed")
+    parser.add_argument("--one-instance-delays-ms", default="1", help="delays of the one-instance variants")
+    parser.set_defaults(levels="1,2,8,16", rounds=3)
+    args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
+    source = MODEL_REPOSITORY / args.model
+    committed = sum(group.count for group in read_config(source / "config.pbtxt").instance_group)
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = Path(tmp)
+        variants = {f"committed, {committed} instances": copy_variant(source, repository, "committed")}
+        for count in positive_ints(args.instances, "--instances"):
+            variants[f"{count} instances"] = copy_variant(
+                source, repository, f"i{count}", instances=count, prefer_first=True
+            )
+        for delay_ms in (float(text) for text in args.one_instance_delays_ms.split(",") if text):
+            variants[f"1 instance, delay {delay_ms:g} ms"] = copy_variant(
+                source, repository, f"one_d{round(delay_ms * 1000)}", round(delay_ms * 1000), 1,
+                TORCH_NUM_THREADS=str(usable_cores()), ELASTIC_THREADS="false",
+            )  # fmt: skip
+        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
+    labels = list(variants)
+    print(f"\n{args.model}: infer/s median (min-max) of {args.rounds} rounds, against the committed; "
+          "median p99 ms and batch")  # fmt: skip
+    for level in levels:
+        base = statistics.median(throughputs(results[labels[0]][level]))
+        for label in labels:
+            runs = results[label][level]
+            ratio = statistics.median(throughputs(runs)) / base
+            p99 = statistics.median(r.p99_ms for r in runs)
+            batch = statistics.median(r.avg_batch for r in runs)
+            print(f"  c={level:<3} {label:>26} {spread(throughputs(runs)):>22} {ratio:5.2f}  "
+                  f"p99 {p99:5.0f}  batch {batch:4.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
