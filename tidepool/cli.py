@@ -171,7 +171,8 @@ def _profile(args: argparse.Namespace) -> int:
         graph=args.graph,
     )
     print(file=sys.stderr)
-    out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}.json")
+    graph = "" if args.graph == "eager" else f"-{args.graph}"
+    out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}{graph}.json")
     written = write_report(profile, out)
     print(format_report(profile))
     print("wrote " + ", ".join(str(p) for p in written) + (f", {args.trace}" if args.trace else ""))
@@ -468,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_options(profile)
     profile.add_argument(
         "--out",
-        help="profile JSON (default: profiles/MODEL-DEVICE-PRECISION.json); "
+        help="profile JSON (default: profiles/MODEL-DEVICE-PRECISION.json, -frozen added for --graph "
+        "frozen); "
         "report and plots are written beside it",
     )
     profile.add_argument("--trace", metavar="FILE", help="also write a Chrome trace of one batch")

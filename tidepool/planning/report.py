@@ -37,7 +37,7 @@ def write_report(profile: Profile, out_json: Path) -> list[Path]:
         axes.set_xscale("log", base=2)
         axes.set_xlabel("batch size")
         axes.set_ylabel(label)
-        axes.set_title(f"{profile.model} ({profile.device}, {profile.precision})")
+        axes.set_title(f"{profile.model} ({profile.device}, {profile.precision}, {profile.graph} graph)")
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = Path(f"{stem}_{name}.png")
@@ -53,7 +53,7 @@ def write_report(profile: Profile, out_json: Path) -> list[Path]:
 def format_report(profile: Profile) -> str:
     mib = 2**20
     lines = [
-        f"# Profile of {profile.model} ({profile.device}, {profile.precision}, "
+        f"# Profile of {profile.model} ({profile.device}, {profile.precision}, {profile.graph} graph, "
         f"{profile.torch_threads} torch threads)",
         "",
         f"static (weights and buffers): {profile.static_bytes / mib:.2f} MiB; fit: memory(b) = static + "
