@@ -1,7 +1,7 @@
 """Re-measure the committed config against chosen grid points on one server, in turn, with more
 rounds than the grid gives each point (the grid's best at a level is the best of one noisy window).
-A point is INSTANCESxTHREADS:bMAX_BATCH:dDELAY_MS, a fixed split (no elastic threads, no
-priorities) of the committed config, e.g. 2x1:b4:d2.
+A point is INSTANCESxTHREADS:bMAX_BATCH:dDELAY_MS, built as the grid of benchmarks.plan_vs_grid
+builds it (a fixed split; no elastic threads, priorities, preferred or pool sizes), e.g. 2x1:b4:d2.
 
     .venv/bin/python -m benchmarks.grid_points_at_load --model convnet --points 2x1:b4:d2,2x1:b8:d0
         [--levels 8,16] [--rounds 3]
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -19,29 +18,32 @@ from benchmarks.in_turn import (
     Variant,
     add_in_turn_arguments,
     copy_variant,
+    median_of,
     serve_in_turn,
     spread,
     throughputs,
 )
-from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
+from benchmarks.plan_vs_grid import grid_point
+from tidepool.configfile import copy_model, read_config
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 POINT = re.compile(r"^(\d+)x(\d+):b(\d+):d([\d.]+)$")
 
 
-def grid_point(source: Path, repository: Path, text: str) -> Variant:
-    """The committed config at the grid point `text` (see the module doc), in `repository`."""
+def grid_variant(source: Path, repository: Path, text: str) -> Variant:
+    """The committed config as the grid measures the point `text` (see the module doc)."""
     match = POINT.match(text)
     if match is None:
         raise SystemExit(f"--points: expected INSTANCESxTHREADS:bMAX_BATCH:dDELAY_MS, got {text!r}")
     instances, threads, batch, delay_ms = match.groups()
-    config = with_parameters(
-        read_config(source / "config.pbtxt"), TORCH_NUM_THREADS=threads, ELASTIC_THREADS="false"
+    config = grid_point(
+        read_config(source / "config.pbtxt"),
+        int(instances),
+        int(threads),
+        int(batch),
+        round(float(delay_ms) * 1000),
     )
-    config.max_batch_size = int(batch)
-    config.dynamic_batching.max_queue_delay_microseconds = round(float(delay_ms) * 1000)
-    set_instances(config, int(instances))
     name = "p_" + re.sub(r"\W", "_", text)
     copy_model(source, repository / name, config)
     return Variant(name)
@@ -58,19 +60,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         variants = {"committed": copy_variant(source, repository, "committed")}
-        variants |= {point: grid_point(source, repository, point) for point in args.points.split(",")}
+        variants |= {point: grid_variant(source, repository, point) for point in args.points.split(",")}
         results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
     print(f"\n{args.model}: infer/s median (min-max) of {args.rounds} rounds, committed against each; "
           "median p99 ms and batch")  # fmt: skip
     for level in levels:
-        committed = statistics.median(throughputs(results["committed"][level]))
+        committed = median_of(results["committed"][level], "throughput")
         for label in variants:
             runs = results[label][level]
-            ratio = committed / statistics.median(throughputs(runs))
-            p99 = statistics.median(r.p99_ms for r in runs)
-            batch = statistics.median(r.avg_batch for r in runs)
+            ratio = committed / median_of(runs, "throughput")
             print(f"  c={level:<3} {label:>14} {spread(throughputs(runs)):>22}  committed/this {ratio:5.2f}  "
-                  f"p99 {p99:5.0f}  batch {batch:4.2f}")  # fmt: skip
+                  f"p99 {median_of(runs, 'p99_ms'):5.0f}  "
+                  f"batch {median_of(runs, 'avg_batch'):4.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -128,6 +128,11 @@ def throughputs(results: Sequence[LevelResult]) -> list[float]:
     return [r.throughput for r in results]
 
 
+def median_of(results: Sequence[LevelResult], field: str) -> float:
+    """The median of one figure of repeated results (e.g. "p99_ms", "avg_batch")."""
+    return statistics.median(getattr(r, field) for r in results)
+
+
 def spread(values: Sequence[float], digits: int = 1) -> str:
     """'median (min-max)' of repeated figures; the figure alone when there is one."""
     if len(values) == 1:

@@ -11,11 +11,17 @@ core and a queue delay (which pairs the requests of two clients into one batch).
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import add_in_turn_arguments, copy_variant, serve_in_turn, spread, throughputs
+from benchmarks.in_turn import (
+    add_in_turn_arguments,
+    copy_variant,
+    median_of,
+    serve_in_turn,
+    spread,
+    throughputs,
+)
 from tidepool.configfile import read_config
 from tidepool.machine import usable_cores
 from tidepool.spec import positive_ints
@@ -49,14 +55,13 @@ def main() -> None:
     print(f"\n{args.model}: infer/s median (min-max) of {args.rounds} rounds, against the committed; "
           "median p99 ms and batch")  # fmt: skip
     for level in levels:
-        base = statistics.median(throughputs(results[labels[0]][level]))
+        base = median_of(results[labels[0]][level], "throughput")
         for label in labels:
             runs = results[label][level]
-            ratio = statistics.median(throughputs(runs)) / base
-            p99 = statistics.median(r.p99_ms for r in runs)
-            batch = statistics.median(r.avg_batch for r in runs)
+            ratio = median_of(runs, "throughput") / base
             print(f"  c={level:<3} {label:>26} {spread(throughputs(runs)):>22} {ratio:5.2f}  "
-                  f"p99 {p99:5.0f}  batch {batch:4.2f}")  # fmt: skip
+                  f"p99 {median_of(runs, 'p99_ms'):5.0f}  "
+                  f"batch {median_of(runs, 'avg_batch'):4.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

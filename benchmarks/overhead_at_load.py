@@ -1,8 +1,8 @@
 """Where Tidepool's server time goes next to Triton's plain Python backend: on one server, in turn,
-the model as committed, the same model as a fixed split of the cores with the pool on and off,
-and the plain backend at that split with no delay and with its usual 2 ms; per variant Triton's
-own split of each request's time (compute input / infer / output) and the batch it ran in, so a
-cost of Tidepool's per execution shows as compute time at equal batch sizes.
+the model as committed, the same with an eager graph, the same as a fixed split of the cores with
+the pool on and off, and the plain backend at that split with no delay and with its usual 2 ms;
+per variant Triton's own split of each request's time (compute input / infer / output) and the
+batch it ran in, so a cost of Tidepool's per execution shows as compute time at equal batch sizes.
 
     .venv/bin/python -m benchmarks.overhead_at_load --model encoder [--levels 1,8] [--rounds 4]
 """
@@ -10,7 +10,6 @@ cost of Tidepool's per execution shows as compute time at equal batch sizes.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -18,12 +17,12 @@ from benchmarks.in_turn import (
     Variant,
     add_in_turn_arguments,
     copy_variant,
+    median_of,
     serve_in_turn,
     spread,
     throughputs,
 )
-from benchmarks.plan_vs_grid import PLAIN_DELAY_US, baseline_dirs
-from tidepool.configfile import copy_model
+from benchmarks.plan_vs_grid import PLAIN_DELAY_US, plain_model
 from tidepool.machine import usable_cores
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
@@ -41,15 +40,13 @@ def variants(source: Path, repository: Path, cores: int) -> dict[str, Variant]:
 
     served = {
         "committed": copy_variant(source, repository, "committed"),
-        "committed, frozen graph": copy_variant(source, repository, "frozen", GRAPH="frozen"),
+        "committed, eager graph": copy_variant(source, repository, "eager", GRAPH="eager"),
         f"tidepool {split}": fixed("fixed"),
         f"tidepool {split}, pool off": fixed("fixed_nopool", POOL="off"),
     }
     for delay_us in (0, PLAIN_DELAY_US):
         name = f"plain{split}_d{delay_us}"
-        with tempfile.TemporaryDirectory() as tmp:  # baseline_dirs writes every split and dynb there
-            baseline_dirs(Path(tmp), repository / "committed", cores, delay_us)
-            copy_model(Path(tmp) / f"plain{split}", repository / name)
+        plain_model(repository / name, repository / "committed", cores, 1, delay_us)
         served[f"plain {split}, delay {delay_us / 1000:g} ms"] = Variant(name)
     return served
 
@@ -71,12 +68,12 @@ def main() -> None:
           "request")  # fmt: skip
     for level in levels:
         print(f"\n  c={level}")
-        base = statistics.median(throughputs(results[labels[-1]][level]))
+        base = median_of(results[labels[-1]][level], "throughput")
         for label in labels:
             runs = results[label][level]
-            ratio = statistics.median(throughputs(runs)) / base
+            ratio = median_of(runs, "throughput") / base
             split = "  ".join(
-                f"{name} {statistics.median(getattr(r, field) for r in runs):{width}}"
+                f"{name} {median_of(runs, field):{width}}"
                 for name, field, width in (
                     ("batch", "avg_batch", "4.2f"),
                     ("in", "compute_input_us", "5.0f"),

@@ -75,27 +75,48 @@ def baseline_dirs(
     config.dynamic_batching.SetInParent()
     copy_model(planned_dir, repository / "dynb", config)
 
-    planned = read_config(planned_dir / "config.pbtxt")
-    factory = planned.parameters["MODEL_FACTORY"].string_value
     plains = []
     for threads in thread_splits(cores):
         name = f"plain{cores // threads}x{threads}"
-        plain = repository / name
-        (plain / "1").mkdir(parents=True)
-        shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), plain)
-        shutil.copy(Path(__file__).with_name("plain_python_model.py"), plain / "1" / "model.py")
-        config = read_config(planned_dir / "config.pbtxt")
-        config.name, config.backend = name, "python"
-        for key in [key for key in config.parameters if not key.startswith("range.")]:
-            del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
-        config.parameters["FACTORY"].string_value = factory
-        config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
-        set_instances(config, cores // threads)
-        config.dynamic_batching.Clear()
-        config.dynamic_batching.max_queue_delay_microseconds = plain_delay_us
-        write_config(plain / "config.pbtxt", config)
+        plain_model(repository / name, planned_dir, cores // threads, threads, plain_delay_us)
         plains.append(name)
     return "dynb", plains
+
+
+def plain_model(target: Path, planned_dir: Path, instances: int, threads: int, delay_us: int) -> Path:
+    """The model of `planned_dir` served by Triton's plain Python backend at `target` (named after
+    it): `instances` x `threads` torch threads, a queue delay of `delay_us`, nothing of Tidepool's."""
+    config = read_config(planned_dir / "config.pbtxt")
+    factory = config.parameters["MODEL_FACTORY"].string_value
+    (target / "1").mkdir(parents=True)
+    shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), target)
+    shutil.copy(Path(__file__).with_name("plain_python_model.py"), target / "1" / "model.py")
+    config.name, config.backend = target.name, "python"
+    for key in [key for key in config.parameters if not key.startswith("range.")]:
+        del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
+    config.parameters["FACTORY"].string_value = factory
+    config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
+    set_instances(config, instances)
+    config.dynamic_batching.Clear()
+    config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    write_config(target / "config.pbtxt", config)
+    return target
+
+
+def grid_point(base: ModelConfig, instances: int, threads: int, batch: int, delay_us: int) -> ModelConfig:
+    """`base` as one point of the grid: its instances x threads, max_batch_size and delay, with no
+    preferred sizes, pool sizes, elastic threads or priorities."""
+    config = ModelConfig()
+    config.CopyFrom(base)
+    config.max_batch_size = batch
+    config.dynamic_batching.Clear()
+    config.dynamic_batching.SetInParent()
+    config.dynamic_batching.max_queue_delay_microseconds = delay_us
+    set_instances(config, instances)
+    config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
+    for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES", "ELASTIC_THREADS"):
+        config.parameters.pop(key, None)
+    return config
 
 
 def grid_configs(planned_dir: Path, cores: int, batches: list[int], delays_us: list[int]):
@@ -105,17 +126,8 @@ def grid_configs(planned_dir: Path, cores: int, batches: list[int], delays_us: l
     for threads in thread_splits(cores):
         for batch in batches:
             for delay in delays_us:
-                config = ModelConfig()
-                config.CopyFrom(base)
+                config = grid_point(base, cores // threads, threads, batch, delay)
                 config.name = "grid"
-                config.max_batch_size = batch
-                config.dynamic_batching.Clear()
-                config.dynamic_batching.SetInParent()
-                config.dynamic_batching.max_queue_delay_microseconds = delay
-                set_instances(config, cores // threads)
-                config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
-                for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES", "ELASTIC_THREADS"):
-                    config.parameters.pop(key, None)
                 yield f"{cores // threads}x{threads} b{batch} d{delay / 1000:g}ms", as_dict(config)
 
 

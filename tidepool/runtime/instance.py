@@ -135,13 +135,11 @@ class ModelInstance:
         self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
-        """The module traced at batch 2 (or the largest it takes) and frozen, checked at batch 1 and
+        """The module traced at batch 2 (1 where that is all it takes) and frozen, checked at batch 1 and
         at the largest warm-up size; the eager module is dropped, so its weights are held once."""
-        top = max(self.model.max_batch_size, 1)
-        trace_batch = min(2, top)
-        checks = sorted({1, max(self.settings.warmup_batch_sizes, default=1), trace_batch} - {trace_batch})
-        if not checks or not self.model.batched:
-            checks = [trace_batch]  # another draw of the same shape
+        trace_batch = min(2, max(self.model.max_batch_size, 1))
+        largest = max(self.settings.warmup_batch_sizes, default=1)
+        checks = sorted({1, largest} - {trace_batch}) or [trace_batch]  # [trace_batch]: another draw
         frozen, self.graph_notes = freeze(
             module,
             self._tensors(random_inputs(self.model, trace_batch, seed=1)),
