@@ -244,7 +244,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.verify:
         from tidepool.planning.verify import verify, write_verification
 
-        top = to_verify(ranked, args.verify_top)
+        top = to_verify(ranked, args.verify_top, budgets)
         verification = verify(model_dir, top, budgets, args.levels, args.window_s, progress=progress_printer)
         print(file=sys.stderr)
         print(verification.table())

@@ -1,6 +1,7 @@
 """The planner as a pure function of (profile, budgets), on profiles recorded on this project's
 2-core CPU machine."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ from tidepool.planning.planner import (
     Budgets,
     PlanError,
     candidates,
+    capacity,
     plan,
     planned_config,
+    shared_batch_plan,
     to_verify,
     write_plan,
 )
@@ -258,22 +261,43 @@ def test_a_frozen_graph_is_written_and_named_as_profiled():
 
 
 def test_verification_serves_the_best_of_each_way_to_use_the_cores_before_the_next_best():
-    # The top three by rank are two ways to use the cores in int8 and one again in fp32: 1x2 (best
-    # for a lone request) would not be served.
+    # The top three by rank split the cores one way (2x1-2 and its fixed twin 2x1, in int8, then
+    # 2x1-2 in fp32): 1x2 (best for a lone request) and a shared batch would not be served.
     fp32 = [variant("encoder", 2), variant("encoder", 1, speed=0.7)]
     int8 = [variant("encoder", t, "int8", speed=s, error=0.005) for t, s in ((2, 1.3), (1, 1.1))]
     profiles = fp32 + int8
     budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, max_output_error=0.01)
     ranked, _ = candidates(profiles, budgets)
-    assert [p.label.split()[:2] for p in ranked[:3]] == [
-        ["2x1-2", "int8"],
-        ["2x1", "int8"],
-        ["2x1-2", "fp32"],
+    assert [p.label for p in ranked[:3]] == [
+        "2x1-2 int8 b16 d0ms",
+        "2x1 int8 b16 d0ms",
+        "2x1-2 fp32 b16 d0ms",
     ]
-    chosen = to_verify(ranked, 3)
-    assert [p.label.split()[:2] for p in chosen] == [["2x1-2", "int8"], ["2x1", "int8"], ["1x2", "int8"]]
-    assert [p.label for p in to_verify(ranked, 4)] == [p.label for p in ranked[:3]] + [chosen[2].label]
-    assert to_verify(ranked, 1) == [ranked[0]] and len(to_verify(ranked, 99)) == len(ranked)
+    chosen = to_verify(ranked, 3, budgets)
+    assert [p.label for p in chosen] == ["2x1-2 int8 b16 d0ms", "1x2 int8 b16 d0ms", "2x1-2 int8 b8 d0ms"]
+    assert [p.label for p in to_verify(ranked, 4, budgets)] == [p.label for p in chosen] + [ranked[1].label]
+    assert to_verify(ranked, 1, budgets) == [ranked[0]]
+    assert len(to_verify(ranked, 99, budgets)) == len(ranked) + 1
+
+
+def test_a_shared_batch_plan_caps_each_instance_at_its_share():
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
+    ranked, _ = candidates([variant("encoder", 2), variant("encoder", 1, speed=0.7)], budgets)
+    elastic = next(p for p in ranked if p.min_threads)
+    shared = shared_batch_plan(elastic, budgets)
+    assert shared is not None and elastic.max_batch_size == 16
+    assert shared.max_batch_size == 8 and shared.instance_count == 2
+    # Still elastic, with the lone latency of the plan it shares; sized for its own batch.
+    assert (shared.min_threads, shared.torch_threads) == (elastic.min_threads, elastic.torch_threads)
+    assert shared.lone_latency_ms == elastic.lone_latency_ms
+    assert shared.pool_initial_bytes < elastic.pool_initial_bytes
+    assert shared.predicted_throughput == pytest.approx(capacity(elastic.profile, 8, 2))
+    assert "at most 16 / 2 instances" in shared.reasons["max_batch_size"]
+    assert shared.reasons["torch_threads"] == elastic.reasons["torch_threads"]
+    one_instance = next(p for p in ranked if p.instance_count == 1)
+    assert shared_batch_plan(one_instance, budgets) is None
+    # Nothing smaller than the cap was profiled: no shared plan.
+    assert shared_batch_plan(replace(elastic, max_batch_size=1), budgets) is None
 
 
 def test_verification_picks_the_most_levels_in_budget_then_the_best_worst_level():
