@@ -293,7 +293,8 @@ def test_a_shared_batch_plan_caps_each_instance_at_its_share():
     assert shared.pool_initial_bytes < elastic.pool_initial_bytes
     assert shared.predicted_throughput == pytest.approx(capacity(elastic.profile, 8, 2))
     assert "at most 16 / 2 instances" in shared.reasons["max_batch_size"]
-    assert shared.reasons["torch_threads"] == elastic.reasons["torch_threads"]
+    assert "the throughput of 2x1 fp32 b8 d0ms" in shared.reasons["torch_threads"]
+    assert shared.runs_alone_as is elastic.runs_alone_as and shared.runs_alone_as is not None
     one_instance = next(p for p in ranked if p.instance_count == 1)
     assert shared_batch_plan(one_instance, budgets) is None
     # Nothing smaller than the cap was profiled: no shared plan.

@@ -72,6 +72,7 @@ class Plan:
     # Elastic threads (CPU): each instance takes from min_threads (every instance busy) up to
     # torch_threads (running alone); 0: fixed at torch_threads.
     min_threads: int = 0
+    runs_alone_as: Plan | None = field(default=None, repr=False)  # elastic: the plan with every core
     precision: str = "fp32"
     graph: str = "eager"  # or "frozen" (runtime/graph.py)
     predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
@@ -365,35 +366,40 @@ def elastic_plans(plans: Sequence[Plan], budgets: Budgets) -> list[Plan]:
     """CPU plans with several instances, made elastic: the instances of a split plan may each take
     every core while the others are idle, so a lone request runs as fast as on the plan with all
     cores in one instance, and under load they split the cores as the split plan does."""
-    made = []
-    for whole in plans:
-        if whole.profile is None or whole.profile.device != "cpu" or whole.torch_threads != budgets.cores:
-            continue
-        for split in plans:
-            if (
-                split.precision == whole.precision
-                and split.torch_threads < whole.torch_threads
-                and split.instance_count > 1
-            ):
-                elastic = replace(
-                    split,
-                    torch_threads=whole.torch_threads,
-                    min_threads=split.torch_threads,
-                    lone_latency_ms=whole.lone_latency_ms,
-                    reasons=dict(split.reasons),
-                )
-                elastic.reasons["torch_threads"] = (
-                    f"elastic: up to {whole.torch_threads} while an instance runs alone (a lone request "
-                    f"takes {whole.lone_latency_ms:.1f} ms as on {whole.label}), {split.torch_threads} "
-                    f"each while all {split.instance_count} are busy (the throughput of {split.label})"
-                )
-                elastic.reasons["instance_count"] = (
-                    f"{split.reasons['instance_count']}; written as groups of one with rate-limiter "
-                    "priorities, so that a lone client stays on the first instance (applies where "
-                    "tritonserver runs with --rate-limit=execution_count, as tidepool serve starts it)"
-                )
-                made.append(elastic)
-    return made
+    return [
+        made_elastic(split, whole)
+        for whole in plans
+        if whole.profile is not None
+        and whole.profile.device == "cpu"
+        and whole.torch_threads == budgets.cores
+        for split in plans
+        if split.precision == whole.precision
+        and split.torch_threads < whole.torch_threads
+        and split.instance_count > 1
+    ]
+
+
+def made_elastic(split: Plan, whole: Plan) -> Plan:
+    """`split`'s instances, each allowed `whole`'s threads while it runs alone."""
+    elastic = replace(
+        split,
+        torch_threads=whole.torch_threads,
+        min_threads=split.torch_threads,
+        lone_latency_ms=whole.lone_latency_ms,
+        runs_alone_as=whole,
+        reasons=dict(split.reasons),
+    )
+    elastic.reasons["torch_threads"] = (
+        f"elastic: up to {whole.torch_threads} while an instance runs alone (a lone request "
+        f"takes {whole.lone_latency_ms:.1f} ms as on {whole.label}), {split.torch_threads} "
+        f"each while all {split.instance_count} are busy (the throughput of {split.label})"
+    )
+    elastic.reasons["instance_count"] = (
+        f"{split.reasons['instance_count']}; written as groups of one with rate-limiter "
+        "priorities, so that a lone client stays on the first instance (applies where "
+        "tritonserver runs with --rate-limit=execution_count, as tidepool serve starts it)"
+    )
+    return elastic
 
 
 def shared_batch_plan(full: Plan, budgets: Budgets) -> Plan | None:
@@ -416,20 +422,11 @@ def shared_batch_plan(full: Plan, budgets: Budgets) -> Plan | None:
         return None
     if shared.max_batch_size >= full.max_batch_size or shared.instance_count != full.instance_count:
         return None
-    reasons = dict(full.reasons)
-    for key in ("max_batch_size", "preferred_batch_sizes", "max_queue_size", "pool_initial_bytes"):
-        reasons[key] = shared.reasons[key]
-    reasons["max_batch_size"] += (
+    shared.reasons["max_batch_size"] += (
         f"; at most {full.max_batch_size} / {full.instance_count} instances, so that under load each "
         "instance takes its share of the queue instead of one taking every queued request"
     )
-    return replace(
-        shared,
-        torch_threads=full.torch_threads,
-        min_threads=full.min_threads,
-        lone_latency_ms=full.lone_latency_ms,
-        reasons=reasons,
-    )
+    return made_elastic(shared, full.runs_alone_as) if full.runs_alone_as else shared
 
 
 def to_verify(ranked: Sequence[Plan], count: int, budgets: Budgets) -> list[Plan]:
