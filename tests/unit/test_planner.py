@@ -194,6 +194,13 @@ def test_no_request_waits_for_company():
     assert result.max_queue_delay_us == 0  # not "latency left over" (28.6 ms on the machine that planned)
     assert result.lone_latency_ms == pytest.approx(profile.point(1).latency_p50_ms)
     assert "the queue forms batches with no delay" in result.reasons["max_queue_delay_us"]
+    # So a lone request is batched exactly as under Triton's `dynamic_batching {}`: the planned
+    # batcher is that message, for a fresh plan and for the committed examples.
+    written = planned_config(read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt"), result)
+    committed = [read_config(MODEL_REPOSITORY / name / "config.pbtxt") for name in ("encoder", "convnet")]
+    for config in (written, *committed):
+        assert config.HasField("dynamic_batching")
+        assert config.dynamic_batching == model_config_pb2.ModelDynamicBatching()
 
 
 def test_each_thread_split_is_a_candidate_with_instances_to_fill_the_cores():
