@@ -3,6 +3,8 @@ within the budget, then faster) on a real model, and the profiles taken from the
 
 from __future__ import annotations
 
+import torch
+
 from tidepool.planning import profiler
 from tidepool.planning.profile import Profile
 from tidepool.planning.profiler import (
@@ -12,6 +14,7 @@ from tidepool.planning.profiler import (
     screen_graph,
     screen_precision,
 )
+from tidepool.runtime.graph import weight_tensors
 from tidepool.testing import MODEL_REPOSITORY
 
 ENCODER = MODEL_REPOSITORY / "encoder"
@@ -79,3 +82,24 @@ def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkey
         ("fp32", 1),
         ("int8", 1),
     ]
+
+
+def test_an_int8_screen_leaves_the_fp32_profiles_after_it_as_they_serve():
+    # One process screens int8 and then profiles fp32. The int8 instance used to turn torch's fused
+    # attention fast path off for the whole process, so the fp32 profiles were measured without it
+    # (the frozen trace recorded separate linear and attention operators) and a Tensor-typed
+    # constant of that trace held a Python int, which broke the static-bytes sum.
+    screen_precision(ENCODER, "cpu", "int8", max_output_error=0.0, batch=2, torch_threads=1)
+    assert torch.backends.mha.get_fastpath_enabled()
+    frozen, eager = (
+        profiler._instance(ENCODER, (1, 2), "cpu", "fp32", 1, graph=graph) for graph in ("frozen", "eager")
+    )
+    try:
+        operators = {node.kind() for node in frozen.module.graph.nodes()}
+        assert "aten::_transformer_encoder_layer_fwd" in operators, sorted(operators)
+        assert all(isinstance(t, torch.Tensor) for t in weight_tensors(frozen.module))
+        # Freezing pools the four identical layers' constants (32.9 against 42.0 MiB), no more.
+        assert 0.7 < profiler._static_bytes(frozen.module) / profiler._static_bytes(eager.module) <= 1.0
+    finally:
+        frozen.close()
+        eager.close()

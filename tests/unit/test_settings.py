@@ -85,25 +85,29 @@ def test_a_kind_cpu_instance_stays_on_the_cpu_where_torch_sees_a_gpu(pb_utils, t
 @pytest.fixture
 def fresh_process(monkeypatch):
     """Process settings as if no instance had configured this process yet; restored afterwards."""
-    threads, fastpath = torch.get_num_threads(), torch.backends.mha.get_fastpath_enabled()
+    threads = torch.get_num_threads()
     monkeypatch.setattr(process, "_configured", False)
-    torch.backends.mha.set_fastpath_enabled(
-        True
-    )  # torch's default; an int8 instance of another test turns it off
     yield
     torch.set_num_threads(threads)
-    torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def test_a_second_instance_changing_the_process_says_so_and_both_report_the_truth(fresh_process):
-    first, notes = configure_process(
-        ProcessRequest(torch_threads=1, retain_heap=False, needs_mha_fastpath_off=False)
-    )
-    assert first.torch_threads == 1 and first.mha_fastpath and notes == []
-    second, notes = configure_process(
-        ProcessRequest(torch_threads=2, retain_heap=False, needs_mha_fastpath_off=True)
-    )
+    first, notes = configure_process(ProcessRequest(torch_threads=1, retain_heap=False))
+    assert first.torch_threads == 1 and notes == []
+    second, notes = configure_process(ProcessRequest(torch_threads=2, retain_heap=False))
     assert "torch threads changed from 1 to 2 for every instance of this process" in notes
-    assert any("fast path is now off for every instance" in note for note in notes)
     now = process_state()
-    assert now.torch_threads == second.torch_threads == 2 and not now.mha_fastpath
+    assert now.torch_threads == second.torch_threads == 2
+
+
+def test_the_attention_fast_path_is_off_for_a_block_that_asks_and_on_again_after_it():
+    # Per forward pass, not per process: an int8 instance (quantized Linear has no float weights
+    # for the fused kernel) must not slow an fp32 instance of the same process.
+    seen = []
+    for off in (True, False):
+        with process.attention_fast_path_off(off):
+            seen.append(torch.backends.mha.get_fastpath_enabled())
+    assert seen == [False, True] and torch.backends.mha.get_fastpath_enabled()
+    with pytest.raises(RuntimeError), process.attention_fast_path_off(True):
+        raise RuntimeError("a failed pass")
+    assert torch.backends.mha.get_fastpath_enabled()  # back on after a failure too

@@ -98,6 +98,9 @@ def weight_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     graph = getattr(module, "graph", None)
     if graph is not None:
         for node in graph.findAllNodes("prim::Constant"):
-            if node.output().type().kind() == "TensorType":
-                tensors.append(node.output().toIValue())
+            value = node.output().toIValue() if node.output().type().kind() == "TensorType" else None
+            # A constant typed Tensor may hold a Python number (seen after dynamic quantization ran
+            # in the same process); it is no weight.
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
     return tensors

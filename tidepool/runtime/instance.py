@@ -24,6 +24,7 @@ from tidepool.runtime.loader import ModelLoadError, load_model
 from tidepool.runtime.process import (
     ProcessRequest,
     ProcessState,
+    attention_fast_path_off,
     configure_process,
     process_state,
     set_torch_threads,
@@ -91,7 +92,6 @@ class ModelInstance:
             ProcessRequest(
                 torch_threads=settings.torch_threads,
                 retain_heap=settings.why_heap_not_kept() is None,
-                needs_mha_fastpath_off=settings.precision == "int8",
             )
         )
         # Elastic threads: a forward pass takes the cores that no other busy instance uses.
@@ -331,7 +331,7 @@ class ModelInstance:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
         tensors = self._tensors(batch)
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_fast_path_off(self.settings.precision == "int8"):
             produced = self._name_outputs(self.module(*tensors))
             outputs: Outputs = {}
             for spec in self.model.outputs:

@@ -1,11 +1,14 @@
 """Process-wide state, set in one place: torch's thread count, its CUDA allocator backend, the C
-heap's retention of freed memory, and the fused attention fast path. A Triton Python stub serves
-one instance per process; the profiler and tests may hold several, so what is reported is always
-read back from the process, never what one instance asked for."""
+heap's retention of freed memory, and the fused attention fast path (switched off around an int8
+instance's forward passes only). A Triton Python stub serves one instance per process; the
+profiler and tests may hold several, so what is reported is always read back from the process,
+never what one instance asked for."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +27,6 @@ class ProcessRequest:
 
     torch_threads: int
     retain_heap: bool  # keep freed C-heap memory (a CPU instance with the pool on)
-    needs_mha_fastpath_off: bool  # int8: quantized Linear has no float weights for the fused path
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,11 @@ class ProcessState:
     torch_threads: int
     cuda_allocator: str  # torch's allocator backend, or why it is not known yet
     heap: HeapRetention
-    mha_fastpath: bool
 
     def describe(self) -> str:
         return (
             f"torch threads {self.torch_threads}; CUDA allocator {self.cuda_allocator}; "
-            f"C heap: {self.heap.reason}; attention fast path {'on' if self.mha_fastpath else 'off'}"
+            f"C heap: {self.heap.reason}"
         )
 
 
@@ -73,10 +74,6 @@ def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]
         _heap = retain_freed_memory()
         if not _heap.applied:
             notes.append(_heap.reason)
-    if request.needs_mha_fastpath_off and torch.backends.mha.get_fastpath_enabled():
-        torch.backends.mha.set_fastpath_enabled(False)
-        if _configured:
-            notes.append("the fused attention fast path is now off for every instance of this process")
     _configured = True
     return process_state(), notes
 
@@ -88,6 +85,24 @@ def set_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+@contextmanager
+def attention_fast_path_off(off: bool) -> Iterator[None]:
+    """Where `off`, torch's fused attention fast path is off for the block (an int8 instance's
+    forward pass: quantized Linear has no float weights for the fused kernel) and back as it was
+    after. Per pass, not per process: the profiler measures instances of several precisions in one
+    process, and an int8 instance that turned it off for the process slowed every fp32 profile
+    taken after it (the encoder's frozen trace recorded 264 nodes of separate linear and attention
+    operators instead of 33 around one fused layer)."""
+    if not off or not torch.backends.mha.get_fastpath_enabled():
+        yield
+        return
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
 def process_state() -> ProcessState:
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         allocator = torch.cuda.get_allocator_backend()
@@ -97,5 +112,4 @@ def process_state() -> ProcessState:
         torch_threads=torch.get_num_threads(),
         cuda_allocator=allocator,
         heap=_heap,
-        mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
     )
