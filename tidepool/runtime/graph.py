@@ -99,8 +99,8 @@ def weight_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     if graph is not None:
         for node in graph.findAllNodes("prim::Constant"):
             value = node.output().toIValue() if node.output().type().kind() == "TensorType" else None
-            # A constant typed Tensor may hold a Python number (seen after dynamic quantization ran
-            # in the same process); it is no weight.
+            # A constant typed Tensor may hold a Python number (seen in a trace of the encoder's
+            # attention taken with torch's fused fast path off); it is no weight.
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
     return tensors

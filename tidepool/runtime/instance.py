@@ -182,6 +182,7 @@ class ModelInstance:
         s = self.settings
         return (
             f"{s.device}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
+            + ("; attention fast path off in its passes" if s.precision == "int8" else "")
             + "".join(f"; NOTE: {note}" for note in notes)
         )
 
