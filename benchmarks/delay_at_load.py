@@ -10,21 +10,19 @@ that paid.
 from __future__ import annotations
 
 import argparse
-import statistics
-import tempfile
 from pathlib import Path
 
 from benchmarks.in_turn import (
     Variant,
     add_in_turn_arguments,
     copy_variant,
-    serve_in_turn,
+    median_of,
+    serve_copies,
     spread,
     throughputs,
 )
 from benchmarks.plan_vs_grid import PLAIN_DELAY_US, baseline_dirs
 from tidepool.machine import usable_cores
-from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 
@@ -34,26 +32,26 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=PLAIN_DELAY_US / 1000)
     parser.set_defaults(levels="1,8", rounds=4)
     args = parser.parse_args()
-    levels = positive_ints(args.levels, "--levels")
     delay_us = round(args.delay_ms * 1000)
     source = MODEL_REPOSITORY / args.model
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp)
+
+    def build(repository: Path) -> dict[str, Variant]:
         variants = {
             "committed": copy_variant(source, repository, "committed"),
             f"committed, delay {args.delay_ms:g} ms": copy_variant(source, repository, "delayed", delay_us),
         }
         _, plains = baseline_dirs(repository, repository / "committed", usable_cores(), delay_us)
-        variants |= {
+        return variants | {
             f"plain {name.removeprefix('plain')}, delay {args.delay_ms:g} ms": Variant(name)
             for name in plains
         }
-        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
+
+    levels, variants, results = serve_copies(args, build)
     print(f"\n{args.model}: infer/s, median (min-max) of {args.rounds} rounds; median batch formed")
     for label in variants:
         for level in levels:
             runs = results[label][level]
-            batch = statistics.median(r.avg_batch for r in runs)
+            batch = median_of(runs, "avg_batch")
             print(f"{label:>32} c={level:<3} {spread(throughputs(runs)):>22}  batch {batch:.2f}")
 
 

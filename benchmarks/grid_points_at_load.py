@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import tempfile
 from pathlib import Path
 
 from benchmarks.in_turn import (
@@ -19,13 +18,13 @@ from benchmarks.in_turn import (
     add_in_turn_arguments,
     copy_variant,
     median_of,
-    serve_in_turn,
+    p99_and_batch,
+    serve_copies,
     spread,
     throughputs,
 )
 from benchmarks.plan_vs_grid import grid_point
 from tidepool.configfile import copy_model, read_config
-from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 POINT = re.compile(r"^(\d+)x(\d+):b(\d+):d([\d.]+)$")
@@ -55,13 +54,13 @@ def main() -> None:
     parser.add_argument("--points", required=True, help="comma-separated grid points, e.g. 2x1:b4:d2")
     parser.set_defaults(levels="8,16", rounds=3)
     args = parser.parse_args()
-    levels = positive_ints(args.levels, "--levels")
     source = MODEL_REPOSITORY / args.model
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp)
+
+    def build(repository: Path) -> dict[str, Variant]:
         variants = {"committed": copy_variant(source, repository, "committed")}
-        variants |= {point: grid_variant(source, repository, point) for point in args.points.split(",")}
-        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
+        return variants | {point: grid_variant(source, repository, point) for point in args.points.split(",")}
+
+    levels, variants, results = serve_copies(args, build)
     print(f"\n{args.model}: infer/s median (min-max) of {args.rounds} rounds, committed against each; "
           "median p99 ms and batch")  # fmt: skip
     for level in levels:
@@ -70,8 +69,7 @@ def main() -> None:
             runs = results[label][level]
             ratio = committed / median_of(runs, "throughput")
             print(f"  c={level:<3} {label:>14} {spread(throughputs(runs)):>22}  committed/this {ratio:5.2f}  "
-                  f"p99 {median_of(runs, 'p99_ms'):5.0f}  "
-                  f"batch {median_of(runs, 'avg_batch'):4.2f}")  # fmt: skip
+                  f"{p99_and_batch(runs)}")  # fmt: skip
 
 
 if __name__ == "__main__":

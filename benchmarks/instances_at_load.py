@@ -11,14 +11,15 @@ core and a queue delay (which pairs the requests of two clients into one batch).
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from benchmarks.in_turn import (
+    Variant,
     add_in_turn_arguments,
     copy_variant,
     median_of,
-    serve_in_turn,
+    p99_and_batch,
+    serve_copies,
     spread,
     throughputs,
 )
@@ -35,11 +36,10 @@ def main() -> None:
     parser.add_argument("--one-instance-delays-ms", default="1", help="delays of the one-instance variants")
     parser.set_defaults(levels="1,2,8,16", rounds=3)
     args = parser.parse_args()
-    levels = positive_ints(args.levels, "--levels")
     source = MODEL_REPOSITORY / args.model
     committed = sum(group.count for group in read_config(source / "config.pbtxt").instance_group)
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp)
+
+    def build(repository: Path) -> dict[str, Variant]:
         variants = {f"committed, {committed} instances": copy_variant(source, repository, "committed")}
         for count in positive_ints(args.instances, "--instances"):
             variants[f"{count} instances"] = copy_variant(
@@ -50,7 +50,9 @@ def main() -> None:
                 source, repository, f"one_d{round(delay_ms * 1000)}", round(delay_ms * 1000), 1,
                 TORCH_NUM_THREADS=str(usable_cores()), ELASTIC_THREADS="false",
             )  # fmt: skip
-        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
+        return variants
+
+    levels, variants, results = serve_copies(args, build)
     labels = list(variants)
     print(f"\n{args.model}: infer/s median (min-max) of {args.rounds} rounds, against the committed; "
           "median p99 ms and batch")  # fmt: skip
@@ -59,9 +61,8 @@ def main() -> None:
         for label in labels:
             runs = results[label][level]
             ratio = median_of(runs, "throughput") / base
-            print(f"  c={level:<3} {label:>26} {spread(throughputs(runs)):>22} {ratio:5.2f}  "
-                  f"p99 {median_of(runs, 'p99_ms'):5.0f}  "
-                  f"batch {median_of(runs, 'avg_batch'):4.2f}")  # fmt: skip
+            row = f"{spread(throughputs(runs)):>22} {ratio:5.2f}  {p99_and_batch(runs)}"
+            print(f"  c={level:<3} {label:>26} {row}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ batch it ran in, so a cost of Tidepool's per execution shows as compute time at 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from benchmarks.in_turn import (
@@ -18,13 +17,12 @@ from benchmarks.in_turn import (
     add_in_turn_arguments,
     copy_variant,
     median_of,
-    serve_in_turn,
+    serve_copies,
     spread,
     throughputs,
 )
 from benchmarks.plan_vs_grid import PLAIN_DELAY_US, plain_model
 from tidepool.machine import usable_cores
-from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 
@@ -56,12 +54,10 @@ def main() -> None:
     add_in_turn_arguments(parser)
     parser.set_defaults(levels="1,8", rounds=4)
     args = parser.parse_args()
-    levels = positive_ints(args.levels, "--levels")
     cores = usable_cores()
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp)
-        served = variants(MODEL_REPOSITORY / args.model, repository, cores)
-        results = serve_in_turn(repository, served, levels, args.rounds, args.window_s)
+    levels, served, results = serve_copies(
+        args, lambda repository: variants(MODEL_REPOSITORY / args.model, repository, cores)
+    )
     labels = list(served)
     print(f"\n{args.model} on {cores} cores: infer/s median (min-max) of {args.rounds} rounds, against the "
           "last variant; medians of the batch run and Triton's compute input / infer / output us per "

@@ -140,11 +140,12 @@ class ModelInstance:
         trace_batch = min(2, max(self.model.max_batch_size, 1))
         largest = max(self.settings.warmup_batch_sizes, default=1)
         checks = sorted({1, largest} - {trace_batch}) or [trace_batch]  # [trace_batch]: another draw
-        frozen, self.graph_notes = freeze(
-            module,
-            self._tensors(random_inputs(self.model, trace_batch, seed=1)),
-            [self._tensors(random_inputs(self.model, batch, seed=2)) for batch in checks],
-        )
+        with attention_fast_path_off(self.settings.attention_fast_path_off):  # trace what forward runs
+            frozen, self.graph_notes = freeze(
+                module,
+                self._tensors(random_inputs(self.model, trace_batch, seed=1)),
+                [self._tensors(random_inputs(self.model, batch, seed=2)) for batch in checks],
+            )
         return frozen
 
     @classmethod
@@ -182,7 +183,7 @@ class ModelInstance:
         s = self.settings
         return (
             f"{s.device}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
-            + ("; attention fast path off in its passes" if s.precision == "int8" else "")
+            + ("; attention fast path off in its passes" if s.attention_fast_path_off else "")
             + "".join(f"; NOTE: {note}" for note in notes)
         )
 
@@ -332,7 +333,7 @@ class ModelInstance:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
         tensors = self._tensors(batch)
-        with torch.inference_mode(), attention_fast_path_off(self.settings.precision == "int8"):
+        with torch.inference_mode(), attention_fast_path_off(self.settings.attention_fast_path_off):
             produced = self._name_outputs(self.module(*tensors))
             outputs: Outputs = {}
             for spec in self.model.outputs:

@@ -112,6 +112,11 @@ class InstanceSettings:
     def device_index(self) -> int:
         return int(self.device.partition(":")[2] or 0) if self.on_gpu else 0
 
+    @property
+    def attention_fast_path_off(self) -> bool:
+        """int8: quantized Linear has no float weights for torch's fused attention kernel."""
+        return self.precision == "int8"
+
     @classmethod
     def from_spec(
         cls,
