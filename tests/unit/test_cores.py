@@ -39,6 +39,48 @@ def join(tmp_path, cap=2, cores_=2, hold_us=cores.DEFAULT_HOLD_US) -> CoreShare:
     return CoreShare.join(cores_, cap, hold_us, server_pid=4242, directory=tmp_path)
 
 
+def run_together(*shares: CoreShare) -> None:
+    """One pass of each share, all at once: each counts as loaded afterwards (its pass overlapped)."""
+    for share in shares:
+        share.start()
+    for share in shares:
+        share.stop()
+
+
+@pytest.fixture
+def no_waiting(monkeypatch):
+    monkeypatch.setattr(cores, "MAX_WAIT_S", 0.0)
+
+
+def test_a_lone_client_served_in_turn_gets_every_core_on_each_instance(tmp_path, clock):
+    """Without Triton's rate limiter a lone client's requests go to the instances in turn, each
+    arriving a round trip after the last pass ended: no pass overlaps another, so none is held."""
+    first, second = join(tmp_path), join(tmp_path)
+    for _ in range(20):
+        for share in (first, second):
+            clock[0] += 500_000  # the round trip, well inside any hold
+            assert share.start() == 2
+            clock[0] += 5_000_000
+            share.stop()
+            assert share.current_hold_ns() == 0
+
+
+def test_overlapping_passes_turn_the_hold_on_and_lone_ones_turn_it_off(tmp_path, clock, no_waiting):
+    first, second = join(tmp_path), join(tmp_path)
+    run_together(first, second)
+    assert first.current_hold_ns() == second.current_hold_ns() == HOLD_NS
+    for _ in range(4):  # a loaded instance may run a few passes alone: it stays held
+        clock[0] += 30_000_000
+        first.start()
+        first.stop()
+        assert first.current_hold_ns() == HOLD_NS
+    clock[0] += 30_000_000
+    first.start()
+    first.stop()  # the fifth in a row: the load is gone
+    assert first.current_hold_ns() == 0
+    assert second.start() == 2  # at once after the other's pass
+
+
 def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, clock):
     first, second = join(tmp_path), join(tmp_path)
     assert (first.slot, second.slot) == (0, 1)
@@ -59,8 +101,11 @@ def test_an_instance_alone_takes_every_core_and_busy_ones_split_them(tmp_path, c
     assert alone.start() == 3  # never above TORCH_NUM_THREADS
 
 
-def test_each_instance_counts_as_busy_for_its_own_hold(tmp_path, clock):
+def test_each_instance_counts_as_busy_for_its_own_hold(tmp_path, clock, no_waiting, monkeypatch):
+    monkeypatch.setattr(cores, "BACK_TO_BACK_NS", 0)  # the gaps below are short: only the floor here
     slow, quick = join(tmp_path, hold_us=5000), join(tmp_path)  # ELASTIC_HOLD_US 5000 and default
+    run_together(slow, quick)  # under load: holds apply
+    clock[0] += 5_000_001
     assert slow.start() == 2
     slow.stop()
     clock[0] += 4_999_000
@@ -78,11 +123,14 @@ def test_each_instance_counts_as_busy_for_its_own_hold(tmp_path, clock):
 
 def test_an_instance_taking_batches_back_to_back_is_held_for_twice_its_gap(tmp_path, clock):
     busy, other = join(tmp_path), join(tmp_path)
+    run_together(busy, other)
     assert busy.current_hold_ns() == HOLD_NS  # no gap seen yet: the floor
-    for _ in range(10):  # saturated: its next batch comes 3 ms after each pass
+    for _ in range(10):  # saturated: its next batch comes 3 ms after each pass, the other computes too
         busy.start()
+        other._busy_until[other.slot] = BUSY  # the other computes too, as it looks from here
         clock[0] += 20_000_000
         busy.stop()
+        other._busy_until[other.slot] = 0
         clock[0] += 3_000_000
     assert busy.current_hold_ns() == pytest.approx(6_000_000, rel=0.02)
     clock[0] += 2_000_000  # 5 ms after its last pass: still counted, so the other takes one core

@@ -34,19 +34,30 @@ SLOTS = 64
 # and the threads its forward pass runs with now (0: none).
 FILE_BYTES = SLOTS * 8 * 3
 BUSY = 2**63 - 1  # "until further notice": computing now
-# An instance counts as busy for a while after its forward pass (the hold), so that another one that
-# starts while it fetches its next batch does not take its cores and then share them three ways;
-# a request that comes alone must find it idle. A fixed hold cannot do both: measured on 2 cores
-# (convnet, 2 instances x up to 2 threads), a lone client's next request reached the other
-# instance 1-4 ms after the last pass ended, and a saturated instance's next batch came as late
-# (its inputs and outputs take milliseconds to move): a 1 ms hold served c=1 at 0.97 of one
-# 2-thread instance but c=4 at 0.87 of two 1-thread ones; 4 ms, c=4 at 1.01 but c=1 at 0.69.
-# So the hold follows the instance's own gaps between passes: one that has been taking batches
-# back to back (gaps under BACK_TO_BACK_NS) is held for twice its typical gap; one that waits
-# between requests, only for ELASTIC_HOLD_US (default DEFAULT_HOLD_US).
+# Under load an instance counts as busy for a while after its forward pass (the hold), so that
+# another one that starts while it fetches its next batch does not take its cores and then share
+# them three ways. A fixed hold cannot serve a lone client too: measured on 2 cores (convnet, 2
+# instances x up to 2 threads), a lone client's next request reached the other instance 1-4 ms
+# after the last pass ended, and a saturated instance's next batch came as late: a 1 ms hold served
+# c=1 at 0.97 of one 2-thread instance but c=4 at 0.87 of two 1-thread ones; 4 ms, c=4 at 1.01 but
+# c=1 at 0.69. Nor can the gaps between an instance's passes tell load apart: without Triton's rate
+# limiter a lone client's requests go to the instances in turn, so each instance's gap is one round
+# trip, as short as under load, and a hold of twice that left every other lone request one thread
+# (encoder on 2 cores under plain tritonserver, c=1: 0.61-0.69x one instance with both cores).
+# What does tell load is whether passes overlap: a lone client's never do. So:
+# - an instance whose recent passes did not overlap another's (a moving share under
+#   LOADED_OVERLAP) is not held at all: the next request, whichever instance takes it, runs alone;
+# - a loaded one that takes batches back to back (gaps under BACK_TO_BACK_NS) is held for twice
+#   its typical gap, and otherwise for ELASTIC_HOLD_US (default DEFAULT_HOLD_US).
 DEFAULT_HOLD_US = 1000
 BACK_TO_BACK_NS = 10_000_000
 GAP_CAP_NS = 20_000_000  # longer gaps count as this long: one idle spell must not dominate the mean
+# A pass overlaps when another instance was in a pass (or waiting for a core) as it started or
+# ended. The share moves a quarter of the way per pass: one overlap makes the instance loaded
+# (0.25), and from there it takes five passes in a row without one (0.25 x 0.75^5 < 0.06) before it
+# is no longer held, so a saturated instance that by chance runs a pass alone keeps its hold.
+OVERLAP_WEIGHT = 0.25
+LOADED_OVERLAP = 0.06
 # A forward pass that finds every core taken waits this long at most, polling, before it runs on
 # one thread anyway: waiting for a pass that holds every core beats sharing them three ways, where
 # OpenMP threads wait at each barrier for a thread the kernel has descheduled.
@@ -163,6 +174,8 @@ class CoreShare:
     last_wait_ns: int = field(default=0, init=False)  # how long the last start waited for a core
     _last_stop_ns: int = field(default=0, init=False)
     _gap_ns: float = field(default=float(GAP_CAP_NS), init=False)  # moving mean of gaps between passes
+    _overlap: float = field(default=0.0, init=False)  # moving share of passes that overlapped another's
+    _started_with_others: bool = field(default=False, init=False)
 
     @classmethod
     def join(
@@ -213,6 +226,7 @@ class CoreShare:
         if self._last_stop_ns:
             self._gap_ns = 0.5 * self._gap_ns + 0.5 * min(now - self._last_stop_ns, GAP_CAP_NS)
         self._busy_until[self.slot] = BUSY
+        self._started_with_others = self._others_computing()
         give_up = time.monotonic() + MAX_WAIT_S
         while True:
             share = max(1, min(self.cap, self.cores // max(1, self.busy_instances())))
@@ -226,11 +240,19 @@ class CoreShare:
 
     def stop(self) -> None:
         self._threads[self.slot] = 0
+        overlapped = self._started_with_others or self._others_computing()
+        self._overlap += OVERLAP_WEIGHT * (float(overlapped) - self._overlap)
         self._last_stop_ns = time.monotonic_ns()
         self._busy_until[self.slot] = self._last_stop_ns + self.current_hold_ns()
 
+    def _others_computing(self) -> bool:
+        """Whether another instance is in a forward pass or waiting to start one now."""
+        return int(np.count_nonzero(self._busy_until == BUSY)) > (self._busy_until[self.slot] == BUSY)
+
     def current_hold_ns(self) -> int:
         """How long this instance counts as busy after the pass that just ended (see the hold)."""
+        if self._overlap < LOADED_OVERLAP:
+            return 0  # no load: the next request, whichever instance takes it, runs alone
         if self._gap_ns < BACK_TO_BACK_NS:
             return max(self.hold_ns, int(2 * self._gap_ns))
         return self.hold_ns
