@@ -43,6 +43,37 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _install_backend(args: argparse.Namespace) -> int:
+    from tidepool.launcher.install import install_backend
+
+    installation = install_backend(Path(args.directory), args.tritonserver)
+    print(installation.describe(args.model_repository))
+    return 0
+
+
+def _add_install_backend(commands: Any) -> None:
+    install = commands.add_parser(
+        "install-backend",
+        help="lay out the tidepool backend in a tritonserver backend directory, for plain tritonserver",
+        description="Write DIR/tidepool/model.py (and, where DIR has no Python backend, Triton's "
+        "Python backend for this interpreter), then print the tritonserver command line that serves "
+        "a model repository with it. In NVIDIA's container: DIR is /opt/tritonserver/backends.",
+    )
+    install.add_argument("directory", metavar="DIR", help="the backend directory (created where missing)")
+    install.add_argument(
+        "--tritonserver",
+        metavar="PATH",
+        help="the tritonserver to serve with (default: $TRITONSERVER, PATH, then the nvidia-pytriton wheel)",
+    )
+    install.add_argument(
+        "--model-repository",
+        default="model_repository",
+        metavar="DIR",
+        help="the repository the printed command line serves (default: %(default)s)",
+    )
+    install.set_defaults(run=_install_backend)
+
+
 def _infer(args: argparse.Namespace) -> int:
     from tidepool.clients.infer import infer_once
 
@@ -393,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
         "inside Kubernetes' 30 s default)",
     )
     serve.set_defaults(run=_serve)
+    _add_install_backend(commands)
 
     infer = commands.add_parser("infer", help="send one valid random request and print the result")
     infer.add_argument("model")

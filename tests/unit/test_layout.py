@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import tidepool
-from tidepool.testing import MODEL_REPOSITORY
+from tidepool.testing import MODEL_REPOSITORY, REPO_ROOT
 
 PACKAGE = Path(tidepool.__file__).parent
 PROFILES = Path(__file__).parent / "profiles"
@@ -93,11 +93,11 @@ def loaded_modules(code: str) -> dict[str, list[str]]:
 
 
 def test_the_python_stub_imports_only_runtime_pool_spec_inputs_errors_processes_and_machine():
-    # What the stub runs: tidepool/runtime/model.py, with Triton's pb_utils importable.
+    # What the stub runs: backend/model.py as `model`, with Triton's pb_utils importable.
     loaded = loaded_modules(
-        "import sys, types\n"
+        "import sys, types, runpy\n"
         "sys.modules['triton_python_backend_utils'] = types.ModuleType('triton_python_backend_utils')\n"
-        "import tidepool.runtime.model"
+        f"assert 'TritonPythonModel' in runpy.run_path({str(REPO_ROOT / 'backend' / 'model.py')!r})"
     )
     allowed_prefixes = ("tidepool.runtime", "tidepool.pool")
     allowed = {"tidepool", "tidepool.errors", "tidepool.spec", "tidepool.inputs", "tidepool.processes",

@@ -7,7 +7,7 @@ import pytest
 
 from tidepool import ports
 from tidepool.launcher import discovery as server
-from tidepool.launcher.discovery import PythonBackendFiles, ServerError
+from tidepool.launcher.discovery import ServerError
 from tidepool.ports import PortInUse
 
 
@@ -63,17 +63,6 @@ def test_a_missing_stub_names_the_python_versions_that_exist(tmp_path):
         ServerError, match=r"no Python backend stub for Python 3\.\d+ .*stubs exist for 3.8, 3.9"
     ):
         server.find_python_backend(binary)
-
-
-def test_the_backend_directory_has_python_and_tidepool(tmp_path):
-    binary = fake_install(tmp_path, [server.PYTHON_VERSION])
-    files = server.find_python_backend(binary)
-    assert isinstance(files, PythonBackendFiles)
-    target = server.build_backend_directory(files, tmp_path / "backends")
-    library = target / "python" / "libtriton_python.so"
-    assert library.is_file() and not library.is_symlink()  # Triton refuses a library outside
-    assert (target / "python" / server.STUB).resolve() == files.stub.resolve()
-    assert (target / "tidepool" / "model.py").read_text() == server.BACKEND_MODEL.read_text()
 
 
 def test_a_port_in_use_is_named_with_the_flag_to_change_it():

@@ -1,5 +1,5 @@
-"""Where tritonserver and its Python backend are, and the backend directory and environment a
-server needs to run Tidepool with this interpreter's virtual environment."""
+"""Where tritonserver and its Python backend are, and the environment a server needs to run
+Tidepool with this interpreter's virtual environment."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from tidepool.processes import SHM_DIRECTORY, alive
 
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 STUB = "triton_python_backend_stub"
-BACKEND_MODEL = Path(__file__).resolve().parent.parent / "runtime" / "model.py"
 
 
 class ServerError(TidepoolError):
@@ -86,26 +85,6 @@ def find_python_backend(server: Path) -> PythonBackendFiles:
         )
     wheel_libs = root.parent.parent / "nvidia_pytriton.libs"
     return PythonBackendFiles(library, utils, stub, (wheel_libs,) if wheel_libs.is_dir() else ())
-
-
-def build_backend_directory(files: PythonBackendFiles, target: Path) -> Path:
-    """Lay out <target>/python (library, utils, stub) and <target>/tidepool/model.py.
-
-    Triton refuses a backend library whose real path lies outside the backend directory, so the
-    library and the Python files are copied; the stub is linked (its RPATH follows the link)."""
-    copies = {
-        target / "python" / "libtriton_python.so": files.library,
-        target / "python" / "triton_python_backend_utils.py": files.utils,
-        target / "tidepool" / "model.py": BACKEND_MODEL,
-    }
-    for destination, source in copies.items():
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, destination)
-    stub = target / "python" / STUB
-    if stub.is_symlink() or stub.exists():
-        stub.unlink()
-    stub.symlink_to(files.stub.resolve())
-    return target
 
 
 def server_environment(library_dirs: tuple[Path, ...] = ()) -> dict[str, str]:

@@ -23,7 +23,6 @@ from typing import Any
 from tidepool.launcher.discovery import (
     STUB,
     ServerError,
-    build_backend_directory,
     find_python_backend,
     find_tritonserver,
     remove_leftovers,
@@ -31,6 +30,7 @@ from tidepool.launcher.discovery import (
     shm_prefix,
     workdir_prefix,
 )
+from tidepool.launcher.install import build_backend_directory
 from tidepool.ports import check_port_free, free_port
 
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s) and systemd's TimeoutStopSec (90 s).
@@ -79,6 +79,12 @@ class ServerConfig:
     # own default): encoder on 2 cores, 1x2 and an elastic pair within the run-to-run noise of
     # each other with and without it, at concurrency 1-16 (benchmarks/instance_priority.py).
     rate_limit: str = "execution_count"
+    # A backend directory laid out by `tidepool install-backend`; None: the launcher lays out its own.
+    backend_directory: Path | None = None
+    # True: start tritonserver as a user does by hand with an installed backend, with only the
+    # repository, the backend directory, the addresses and ports (and model control where asked):
+    # none of the launcher's own flags (rate limiter, shared-memory prefix, exit timeout, log level).
+    plain: bool = False
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, **settings: Any) -> ServerConfig:
@@ -143,12 +149,16 @@ class TritonServer:
             f"--grpc-port={c.grpc_port}",
             f"--metrics-address={c.host}",
             f"--metrics-port={c.metrics_port}",
+        ]
+        if c.model_control == "explicit":
+            args += ["--model-control-mode=explicit", "--load-model=*"]
+        if c.plain:
+            return args + [f"--backend-config={item}" for item in c.backend_config] + c.extra_args
+        args += [
             f"--log-verbose={c.log_verbose}",
             f"--rate-limit={c.rate_limit}",
             f"--exit-timeout-secs={max(1, int(c.grace_s - DRAIN_MARGIN_S))}",
         ]
-        if c.model_control == "explicit":
-            args += ["--model-control-mode=explicit", "--load-model=*"]
         backend_config = list(c.backend_config)
         if not any("shm-region-prefix-name" in item for item in backend_config):
             # Regions named after this launcher, so that a later one can remove them if it is killed.
@@ -171,8 +181,11 @@ class TritonServer:
         files = find_python_backend(binary)
         for path in remove_leftovers():
             self._say_log(f"tidepool: removed {path}, left behind by a launcher that was killed")
-        self._workdir = tempfile.TemporaryDirectory(prefix=workdir_prefix(os.getpid()))
-        backend_dir = build_backend_directory(files, Path(self._workdir.name))
+        if c.backend_directory is not None:
+            backend_dir = c.backend_directory.resolve()
+        else:
+            self._workdir = tempfile.TemporaryDirectory(prefix=workdir_prefix(os.getpid()))
+            backend_dir = build_backend_directory(files, Path(self._workdir.name))
         self.process = subprocess.Popen(
             self.command(backend_dir),
             env=server_environment(files.library_dirs),

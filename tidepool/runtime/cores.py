@@ -247,7 +247,8 @@ class CoreShare:
 
     def _others_computing(self) -> bool:
         """Whether another instance is in a forward pass or waiting to start one now."""
-        return int(np.count_nonzero(self._busy_until == BUSY)) > (self._busy_until[self.slot] == BUSY)
+        computing = int(np.count_nonzero(self._busy_until == BUSY))
+        return computing > int(self._busy_until[self.slot] == BUSY)
 
     def current_hold_ns(self) -> int:
         """How long this instance counts as busy after the pass that just ended (see the hold)."""

@@ -1,5 +1,6 @@
-"""The `tidepool` backend as Triton loads it (copied to <backends>/tidepool/model.py): a thin
-TritonPythonModel that turns pb_utils objects into numpy and back around `ModelInstance`."""
+"""The `tidepool` backend's TritonPythonModel, which <backends>/tidepool/model.py (backend/model.py,
+laid out by `tidepool install-backend` and the launcher) imports: a thin layer that turns pb_utils
+objects into numpy and back around `ModelInstance`."""
 
 from __future__ import annotations
 
