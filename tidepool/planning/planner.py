@@ -396,8 +396,9 @@ def made_elastic(split: Plan, whole: Plan) -> Plan:
     )
     elastic.reasons["instance_count"] = (
         f"{split.reasons['instance_count']}; written as groups of one with rate-limiter "
-        "priorities, so that a lone client stays on the first instance (applies where "
-        "tritonserver runs with --rate-limit=execution_count, as tidepool serve starts it)"
+        "priorities, so that a lone client stays on the first instance where tritonserver runs "
+        "with --rate-limit=execution_count (tidepool serve); without it Triton hands requests to "
+        "the instances in turn, and a lone one still runs on every core (its pass overlaps none)"
     )
     return elastic
 

@@ -1,0 +1,135 @@
+"""The shipped configs under either launcher: each example model served by plain tritonserver (the
+bundled server with only --model-repository, --backend-directory from `tidepool install-backend`
+and loopback addresses: no rate limiter) and by `tidepool serve` (with it), both servers up at once
+and measured in turn, level by level, for --rounds rounds. Per launcher and level it prints the
+shipped config's throughput and p99 against the best of: one instance with every core and
+`dynamic_batching {}`, and the alternatives its plan was chosen over (the config header's "Chosen
+over:" line), with the ratio of medians and its spread over the rounds.
+
+    .venv/bin/python -m benchmarks.launchers [--models encoder,convnet] [--levels 1,2,4,8,16]
+        [--rounds 3] [--window-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import statistics
+import tempfile
+from pathlib import Path
+
+from benchmarks.in_turn import Results, Target, in_turn, median_of, spread, throughputs
+from tidepool.configfile import ModelConfig, copy_model, read_config, set_instances
+from tidepool.launcher.install import install_backend
+from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.machine import usable_cores
+from tidepool.spec import positive_ints
+from tidepool.testing import MODEL_REPOSITORY
+
+LAUNCHERS = ("plain tritonserver", "tidepool serve")
+LABEL = re.compile(r"(\d+)x(\d+)(?:-(\d+))? (\w+)(?: (\w+))? b(\d+) d([\d.]+)ms")
+
+
+def labelled_config(base: ModelConfig, label: str) -> ModelConfig:
+    """`base` as the config a plan label names ('2x1-2 fp32 frozen b4 d0ms': 2 elastic instances of
+    1 to 2 threads, fp32, frozen graph, max_batch_size 4, no queue delay), written as the planner
+    writes it (an elastic plan's instances as groups of one with rate-limiter priorities)."""
+    found = LABEL.fullmatch(label)
+    if found is None:
+        raise SystemExit(f"not a plan label: {label!r}")
+    instances, threads, elastic_max, precision, graph, batch, delay_ms = found.groups()
+    config = ModelConfig()
+    config.CopyFrom(base)
+    config.max_batch_size = int(batch)
+    config.dynamic_batching.Clear()
+    config.dynamic_batching.SetInParent()
+    config.dynamic_batching.max_queue_delay_microseconds = round(float(delay_ms) * 1000)
+    set_instances(config, int(instances), prefer_first=elastic_max is not None)
+    config.parameters["TORCH_NUM_THREADS"].string_value = elastic_max or threads
+    config.parameters.pop("ELASTIC_THREADS", None)
+    if elastic_max is not None:
+        config.parameters["ELASTIC_THREADS"].string_value = "true"
+    config.parameters["PRECISION"].string_value = precision
+    config.parameters["GRAPH"].string_value = graph or "eager"
+    return config
+
+
+def alternatives(model_dir: Path, cores: int) -> dict[str, ModelConfig]:
+    """label -> config: one instance with every core and `dynamic_batching {}` (same precision,
+    graph and max_batch_size as shipped), then the plan's alternatives from the config header."""
+    shipped = read_config(model_dir / "config.pbtxt")
+    parameters = shipped.parameters
+    one = labelled_config(
+        shipped,
+        f"1x{cores} {parameters['PRECISION'].string_value or 'fp32'} "
+        f"{parameters['GRAPH'].string_value or 'eager'} b{shipped.max_batch_size} d0ms",
+    )
+    found = {f"1x{cores} dynamic_batching {{}}": one}
+    header = next((line for line in (model_dir / "config.pbtxt").read_text().splitlines()
+                   if line.startswith("# Chosen over:")), "")  # fmt: skip
+    for label in LABEL.finditer(header):
+        config = labelled_config(shipped, label.group(0))
+        if all(config != other for other in found.values()):
+            found[label.group(0)] = config
+    return found
+
+
+def measure_model(model: str, backends: Path, levels: list[int], rounds: int, window_s: float) -> None:
+    cores = usable_cores()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        repository = Path(tmp)
+        source = MODEL_REPOSITORY / model
+        copy_model(source, repository / "shipped")
+        names = {"shipped": "shipped"}
+        for index, (label, config) in enumerate(alternatives(source, cores).items()):
+            config.name = f"alt{index}"
+            copy_model(source, repository / config.name, config)
+            names[label] = config.name
+        plain = ServerConfig.on_free_ports(repository, backend_directory=backends, plain=True)
+        servers = dict(zip(LAUNCHERS, (plain, ServerConfig.on_free_ports(repository)), strict=True))
+        targets = {}
+        for launcher, config in servers.items():
+            stack.enter_context(TritonServer(config))
+            for label, name in names.items():
+                targets[f"{launcher} / {label}"] = Target(config.grpc_url, name)
+        print(f"\n{model}: {len(names)} configs x {len(servers)} launchers, {rounds} rounds", flush=True)
+        results = in_turn(targets, levels, rounds, window_s)
+    report(model, list(names), levels, results, rounds)
+
+
+def report(model: str, labels: list[str], levels: list[int], results: Results, rounds: int) -> None:
+    print(f"\n{model}: infer/s median (min-max) of {rounds} rounds; p99 ms median; shipped / best other "
+          "(ratio of medians, and min-max of the per-round ratios)")  # fmt: skip
+    for launcher in LAUNCHERS:
+        print(f"\n  {launcher}")
+        for level in levels:
+            shipped = results[f"{launcher} / shipped"][level]
+            others = {label: results[f"{launcher} / {label}"][level] for label in labels[1:]}
+            best = max(others, key=lambda label: statistics.median(throughputs(others[label])))
+            ratio = statistics.median(throughputs(shipped)) / statistics.median(throughputs(others[best]))
+            per_round = [a / b for a, b in zip(throughputs(shipped), throughputs(others[best]), strict=True)]
+            print(
+                f"  c={level:<3} shipped {spread(throughputs(shipped)):>20} "
+                f"p99 {median_of(shipped, 'p99_ms'):5.1f} | best other {best:<28} "
+                f"{spread(throughputs(others[best])):>20} p99 {median_of(others[best], 'p99_ms'):5.1f} | "
+                f"{ratio:.2f} ({min(per_round):.2f}-{max(per_round):.2f})"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="encoder,convnet")
+    parser.add_argument("--levels", default="1,2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window-s", type=float, default=2.0)
+    args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
+    with tempfile.TemporaryDirectory() as backends:
+        print(install_backend(Path(backends)).describe("<repository>"), flush=True)
+        for model in args.models.split(","):
+            measure_model(model, Path(backends), levels, args.rounds, args.window_s)
+
+
+if __name__ == "__main__":
+    main()
