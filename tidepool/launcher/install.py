@@ -91,9 +91,6 @@ class Installation:
         names = ("PATH", "LD_LIBRARY_PATH")
         return {name: full[name] for name in names if full[name] != os.environ.get(name)}
 
-    def environment(self) -> dict[str, str]:
-        return server_environment(self.library_dirs)
-
     def command(self, model_repository: Path | str) -> list[str]:
         return [
             str(self.tritonserver),
