@@ -1,17 +1,48 @@
 #!/usr/bin/env bash
-# Every GPU test and GPU benchmark in one call, for a machine with a CUDA device:
+# Every GPU test and GPU benchmark in one call (under 10 minutes), for a machine with a CUDA device:
 #   bash benchmarks/gpu_check.sh            (uses .venv if present, else the machine's python3)
 # On a bare machine, first `make device-carry` here and carry .device (packages its image lacks).
+# Prints each step's output, then a table: step, result, seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ -d .device ] && export PYTHONPATH="$PYTHONPATH:$PWD/.device"
+
+results=()
+step() {  # step NAME COMMAND...: run it, keep its result and time for the table
+    local name=$1 began=$SECONDS
+    shift
+    echo "== $name: $*"
+    if "$@"; then results+=("$name|ok|$((SECONDS - began))"); else results+=("$name|FAILED|$((SECONDS - began))"); fi
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__)"
+$PY -c "from tidepool.pool import cuda_status; print('tidepool sees', cuda_status())"
+
+# The GPU tests, and the CUDA tier's unit tests over the fake driver next to them.
+step "gpu tests" $PY -m pytest -p no:cacheprovider -q -o addopts="" tests/gpu tests/unit/test_cuda_tier.py
+# Allocate+free on the device: the pool on a cache hit against torch.empty and the driver's own.
+step "pool_gpu" $PY -m benchmarks.pool_gpu
+# The instance's execute path with the pool on and off, on the GPU (convnet: the larger batches).
+step "instance_on_off" $PY -m benchmarks.instance_on_off --models convnet --rounds 2 --seconds 4
+# A GPU model served by plain tritonserver, where this machine has one (NVIDIA's container does;
+# the nvidia-pytriton wheel is too large to carry to a bare machine).
+if command -v tritonserver >/dev/null || $PY -c "import pytriton" 2>/dev/null; then
+    step "served on the GPU" $PY -m pytest -p no:cacheprovider -q -o addopts="" \
+        tests/integration/test_plain_tritonserver.py -k gpu
+else
+    results+=("served on the GPU|skipped: no tritonserver on this machine|0")
+fi
+
+echo
+printf '%-22s %-45s %8s\n' step result seconds
 status=0
-$PY -m pytest -p no:cacheprovider -m gpu tests/gpu -q -o addopts="" || status=1
-$PY -m benchmarks.pool_gpu || status=1
-$PY -m benchmarks.instance_on_off --rounds 1 --seconds 4 || status=1  # the pool's effect on the GPU path
+for row in "${results[@]}"; do
+    IFS='|' read -r name result seconds <<<"$row"
+    printf '%-22s %-45s %8s\n' "$name" "$result" "$seconds"
+    [ "$result" = FAILED ] && status=1
+done
 exit $status

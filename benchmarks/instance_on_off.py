@@ -1,5 +1,6 @@
 """The backend's execute path with the pool on and with POOL=off, without Triton: one fresh
-process per variant and round (the pool's heap and CUDA-allocator settings are process-wide),
+process per variant and round (the pool's heap settings are process-wide), on the GPU where there
+is one (the batch then goes through pinned staging into the instance's CUDA pool),
 executions of N one-row requests as the dynamic batcher would hand them over. Runs where there
 is no tritonserver for the device, e.g. the GPU machine (`benchmarks/gpu_check.sh`).
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,9 +52,6 @@ def measure(model: str, pool: str, requests: int, seconds: float) -> dict:
 
 
 def run_variant(model: str, pool: str, requests: int, seconds: float) -> dict:
-    # As backend/model.py sets it for both variants when served: torch's CUDA allocations go
-    # through cudaMallocAsync, which the pool (when on) points at its own memory pool.
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
     done = subprocess.run(
         [
             sys.executable,
@@ -68,7 +65,6 @@ def run_variant(model: str, pool: str, requests: int, seconds: float) -> dict:
         ],
         capture_output=True,
         text=True,
-        env=env,
     )
     if done.returncode != 0:
         raise SystemExit(f"{model} POOL={pool} failed:\n{done.stderr[-3000:]}")

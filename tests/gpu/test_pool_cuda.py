@@ -1,11 +1,6 @@
-"""The pool on a real GPU: device blocks, views, the owned cuMemPool and torch drawing from it;
-and a frozen graph on the GPU.
+"""The pool on a real GPU: device blocks and their views, the owned cuMemPool, pinned memory,
+torch's allocator left to torch; and a frozen graph on the GPU.
 Marked `gpu`; skipped with the reason where no CUDA device is present."""
-
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -25,11 +20,14 @@ def test_device_blocks_hold_what_torch_writes():
         tensor = block.as_torch(torch.float32, (MiB,))
         assert tensor.device.type == "cuda" and tensor.data_ptr() == block.ptr
         tensor.copy_(torch.arange(MiB, dtype=torch.float32, device="cuda"))
-        again = torch.as_tensor(block, device="cuda").view(torch.float32)  # __cuda_array_interface__
+        again = torch.as_tensor(block.as_cuda_array(), device="cuda").view(torch.float32)
         assert again[12345].item() == 12345.0
         from_dlpack = torch.from_dlpack(block)
         assert from_dlpack.data_ptr() == block.ptr
         block.free()
+        assert pool.stats().allocated_bytes == 4 * MiB  # the tensors still use it
+        del tensor, again, from_dlpack
+        torch.cuda.synchronize()
         stats = pool.stats()
         assert stats.allocated_bytes == 0 and stats.reserved_bytes >= 4 * MiB
         assert pool.resource.attribute("RESERVED_MEM_CURRENT") >= stats.reserved_bytes
@@ -41,7 +39,7 @@ def test_reuse_does_not_go_back_to_the_driver_and_the_limit_holds():
             with pool.execution():
                 pool.allocate(8 * MiB)
                 pool.allocate(1000)
-        assert pool.stats().upstream_allocs == 1
+        assert pool.stats().upstream_allocs == 2  # a large arena and a small (slab) one
         with pytest.raises(OutOfMemory, match="limit 64.00 MiB"):
             pool.allocate(100 * MiB)
 
@@ -53,26 +51,32 @@ def test_pinned_blocks_are_readable_from_the_host():
         assert int(block.as_torch("int32").sum()) == 7 * 1024
 
 
-def test_torch_allocations_come_from_the_pool():
-    # torch's allocator backend is chosen at CUDA init, so this runs in a fresh process.
-    script = textwrap.dedent(
-        """
-        import torch
-        from tidepool.pool import MemoryPool
-        pool = MemoryPool("cuda", limit_bytes=1 << 30)
-        pool.resource.set_as_device_default()
-        before = pool.resource.attribute("USED_MEM_HIGH")
-        x = torch.randn(4096, 4096, device="cuda")
-        y = x @ x
-        torch.cuda.synchronize()
-        after = pool.resource.attribute("USED_MEM_HIGH")
-        assert after - before >= 2 * 4096 * 4096 * 4, (before, after)
-        print("torch drew", after - before, "bytes from the pool")
-        """
-    )
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+def test_torch_keeps_its_own_allocator_and_the_instance_pool_holds_its_inputs(tmp_path):
+    """A GPU instance: torch's caching allocator holds weights and activations (its statistics
+    read them); the instance's CUDA pool holds the batch's device inputs, reused across executions."""
+    import copy
+
+    import torch
+
+    from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
+    from tidepool.inputs import random_inputs
+    from tidepool.runtime.instance import ModelInstance
+
+    config = copy.deepcopy(TOKENS_CONFIG)
+    config["parameters"]["DEVICE"] = {"string_value": "cuda"}
+    instance = ModelInstance.load(config, tiny_model_dir(tmp_path))
+    assert instance.pool.kind == "cuda" and instance.staging.kind == "pinned"
+    assert torch.cuda.memory_allocated() > 0  # torch's own allocator, with statistics that read
+    requests = [random_inputs(instance.model, batch=rows, seed=rows) for rows in (1, 3)]
+    instance.execute(requests)
+    warm = instance.pool.stats()
+    for _ in range(20):
+        results = instance.execute(requests).results
+    torch.cuda.synchronize()
+    stats = instance.pool.stats()
+    assert stats.num_allocs > warm.num_allocs and stats.upstream_allocs == warm.upstream_allocs
+    assert results[1]["OUT"].device.type == "cuda"
+    instance.close()
 
 
 def test_a_frozen_graph_runs_on_the_gpu_and_answers_as_eager(tmp_path):

@@ -69,3 +69,28 @@ def test_the_server_ran_only_with_the_flags_a_user_types(plain_server):
     log = "\n".join(plain_server.log_tail)
     assert "rate" not in shlex.join(plain_server.process.args)
     assert log.count("tidepool encoder_") >= 2 and log.count("tidepool convnet_") >= 2, log
+
+
+@pytest.mark.gpu
+def test_a_gpu_model_is_served_by_plain_tritonserver(tmp_path):
+    """The encoder as a KIND_GPU instance: its batch goes through pinned staging into the
+    instance's CUDA pool, its output leaves by DLPack, and it answers as the CPU model does."""
+    from tidepool.configfile import ModelInstanceGroup, copy_model, read_config
+
+    config = read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt")
+    del config.instance_group[:]
+    config.instance_group.add(count=1, kind=ModelInstanceGroup.KIND_GPU)
+    config.parameters.pop("ELASTIC_THREADS", None)
+    copy_model(MODEL_REPOSITORY / "encoder", tmp_path / "repository" / "encoder", config)
+    backends = install_backend(tmp_path / "backends").directory
+    gpu = ServerConfig.on_free_ports(tmp_path / "repository", backend_directory=backends, plain=True)
+    cpu = ServerConfig.on_free_ports(MODEL_REPOSITORY, backend_directory=backends, plain=True)
+    with TritonServer(gpu), TritonServer(cpu):
+        for protocol in ("http", "grpc"):
+            answers = []
+            for server in (gpu, cpu):
+                url = server.http_url if protocol == "http" else server.grpc_url
+                with Connection.open(protocol, url) as connection:
+                    spec = connection.model_spec("encoder")
+                    answers.append(connection.infer("encoder", random_inputs(spec, batch=3, seed=5), spec))
+            np.testing.assert_allclose(answers[0]["EMBEDDING"], answers[1]["EMBEDDING"], atol=1e-4)

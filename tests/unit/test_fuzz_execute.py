@@ -60,5 +60,6 @@ def test_execute_answers_every_request_with_a_result_or_its_own_error(instance, 
         rows = request["IDS"].shape[0]
         assert set(result) == {"OUT"} and result["OUT"].shape == (rows, 6)
         np.testing.assert_allclose(result["OUT"], request["IDS"] * request["SCALE"], rtol=1e-6)
-    execution.release()
+    instance.release()  # the instance holds its last execution until told or the next execute
+    del execution, results, result  # the last views of the outputs: their blocks go back now
     assert instance.pool.stats().allocated_bytes == 0

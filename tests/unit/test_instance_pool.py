@@ -35,10 +35,14 @@ def test_inputs_and_outputs_live_in_pool_blocks_that_all_come_back(tmp_path):
         arena = instance.pool._arenas[0].host_view
         assert np.shares_memory(execution.results[0]["OUT"], arena)  # a view of pool memory
         assert instance.pool.stats().allocated_bytes > 0  # held while the results are in use
+    assert execution.batches == [4]
+    # Released, but the results still hold views of OUT's block: it stays theirs until they go.
+    assert instance.pool.stats().allocated_bytes == 256
+    instance.release()  # the instance let go of its last execution too
+    del execution
     stats = instance.pool.stats()
     assert stats.num_allocs - warm.num_allocs == 3  # IDS, SCALE, OUT: one block each
     assert stats.allocated_bytes == 0 and stats.upstream_allocs == warm.upstream_allocs
-    assert execution.batches == [4]
 
 
 def test_results_of_one_execute_never_share_memory_even_without_a_batch_dimension(tmp_path):
@@ -57,10 +61,10 @@ def test_results_of_one_execute_never_share_memory_even_without_a_batch_dimensio
 
 def test_the_previous_execution_is_released_by_the_next(tmp_path):
     instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
-    first = instance.execute([tokens(2)])
+    scopes = instance.execute([tokens(2)]).scopes  # the instance alone holds the execution now
     held = instance.pool.stats().allocated_bytes
     instance.execute([tokens(2)])
-    assert all(scope.done for scope in first.scopes)
+    assert all(scope.done for scope in scopes)
     assert instance.pool.stats().allocated_bytes == held  # one execution's blocks, not two
     instance.release()
     assert instance.pool.stats().allocated_bytes == 0
@@ -103,6 +107,8 @@ def test_a_request_too_large_for_the_pool_fails_for_good_and_the_next_one_is_ser
     with instance.execute([tokens(4)]) as execution:
         [served] = execution.results
         assert served["OUT"].shape == (4, 6)
+    instance.release()
+    del execution, served
     assert instance.pool.stats().allocated_bytes == 0
 
 

@@ -30,7 +30,7 @@ class Arena:
     """One upstream allocation, carved by a buddy allocator: into slabs (a small arena) or into
     large blocks."""
 
-    __slots__ = ("allocation", "base", "size", "buddy", "host_view", "small")
+    __slots__ = ("allocation", "base", "size", "buddy", "host_view", "small", "exports")
 
     def __init__(self, allocation: Allocation, small: bool) -> None:
         self.allocation = allocation
@@ -39,6 +39,7 @@ class Arena:
         self.small = small
         self.buddy = BuddyAllocator(self.size, min_block=SLAB_SIZE if small else 2 * SLAB_MAX_BLOCK)
         self.host_view = allocation.host_view
+        self.exports = 0  # blocks in it with live exports: while any, it is not given back upstream
 
 
 class Location(NamedTuple):

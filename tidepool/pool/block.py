@@ -1,9 +1,12 @@
 """A block handed out by the pool: its address and size, freeing, and typed views of its memory
-(numpy for host memory, torch for any, CUDA array interface and DLPack for device memory)."""
+(numpy for host memory, torch for any, CUDA array interface and DLPack for device memory). Every
+view holds the block's export: while one lives, the block is not reused and its arena not given
+back upstream, whatever `free()` or the pool's `close()` said; they take effect when it goes."""
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,6 +35,14 @@ class BlockOwner(Protocol):
         """Take the block back (it raises PoolError if the block was already freed)."""
         ...
 
+    def export_started(self, block: Block) -> None:
+        """A view of the block now exists (its first since the last one went)."""
+        ...
+
+    def export_ended(self, block: Block) -> None:
+        """The views sharing one export are gone; may run in any thread, inside garbage collection."""
+        ...
+
 
 class BlockScope(Protocol):
     """An execution scope that a block belongs to; told when the block goes back early."""
@@ -46,11 +57,43 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
 
 
-class Block:
-    """`ptr`, `nbytes` (asked for) and `capacity` (given) are for callers. `location`, `scope` and
-    `freed` are the owner's bookkeeping: only the pool that handed the block out writes them."""
+class _Export:
+    """What every view of a block holds. Its life is counted by the block's pool: while one lives
+    the block's memory stays the block's, and its arena stays reserved upstream."""
 
-    __slots__ = ("ptr", "nbytes", "capacity", "stream", "owner", "location", "scope", "freed")
+    __slots__ = ("block", "__weakref__")
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        block.owner.export_started(block)
+
+    def __del__(self) -> None:
+        try:
+            self.block.owner.export_ended(self.block)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing is left to give back to
+            pass
+
+
+class _HostWindow:
+    """A typed window on host memory that numpy reads through the array interface; the array made
+    from it keeps it (and so the export) alive."""
+
+    __slots__ = ("__array_interface__", "export")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, export: _Export) -> None:
+        self.__array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3}
+        self.export = export
+
+
+class Block:
+    """`ptr`, `nbytes` (asked for) and `capacity` (given) are for callers. `location`, `scope`,
+    `freed`, `exports` and `release_pending` are the owner's bookkeeping: only the pool that handed
+    the block out writes them (under its lock)."""
+
+    __slots__ = (
+        "ptr", "nbytes", "capacity", "stream", "owner", "location", "scope", "freed",
+        "exports", "release_pending", "_export",
+    )  # fmt: skip
 
     def __init__(
         self, owner: BlockOwner, location: Location, nbytes: int, capacity: int, stream: Any
@@ -63,6 +106,9 @@ class Block:
         self.location = location
         self.scope: BlockScope | None = None
         self.freed = False
+        self.exports = 0  # live exports (views hold them)
+        self.release_pending = False  # freed while exported: goes back when the last export does
+        self._export: weakref.ref[_Export] | None = None
 
     def free(self) -> None:
         self.owner.release(self)
@@ -79,6 +125,14 @@ class Block:
         return (
             f"<Block {self.owner.kind} {self.ptr:#x} nbytes={self.nbytes} capacity={self.capacity} {state}>"
         )
+
+    def export(self) -> _Export:
+        """The block's live export, or a new one: what a view holds to keep the memory its own."""
+        current = self._export() if self._export is not None else None
+        if current is None:
+            current = _Export(self)
+            self._export = weakref.ref(current)
+        return current
 
     def _check_live(self, what: str) -> Arena:
         if self.freed:
@@ -107,7 +161,7 @@ class Block:
             raise PoolError(f"as_numpy: {self.owner.kind} memory is not readable from the host; use as_torch")
         dtype = np.dtype(dtype)
         checked = self._shape_for(dtype.itemsize, shape, "as_numpy")
-        return np.ndarray(checked, dtype, buffer=arena.host_view, offset=self.location.offset)
+        return np.asarray(_HostWindow(self.ptr, checked, dtype.str, self.export()))
 
     def as_torch(self, dtype: Any = None, shape: Sequence[int] | None = None) -> torch.Tensor:
         """A torch tensor over the block's memory (no copy), on the CPU or the block's device."""
@@ -117,21 +171,20 @@ class Block:
         if not isinstance(dtype, torch.dtype):
             dtype = torch_dtype(dtype)
         if self.is_device:
-            self._check_live("as_torch")
-            raw = torch.as_tensor(
-                _DeviceView(self.ptr, (self.capacity,), "|u1"), device=f"cuda:{self.owner.device}"
-            )
+            # torch keeps the view (and so the export) until the tensor's storage goes.
+            raw = torch.as_tensor(self.as_cuda_array(), device=f"cuda:{self.owner.device}")
         else:
             raw = torch.from_numpy(self.as_numpy(np.uint8, (self.capacity,)))
         checked = self._shape_for(dtype.itemsize, shape, "as_torch")
         return raw.view(dtype)[: math.prod(checked)].view(checked)
 
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
+    def as_cuda_array(self) -> _DeviceView:
+        """The block's bytes (its whole capacity) through the CUDA array interface, for CuPy, Numba
+        or torch.as_tensor; whoever keeps the view keeps the memory the block's."""
         if not self.is_device:
-            raise AttributeError("__cuda_array_interface__: only device blocks have one")
-        self._check_live("__cuda_array_interface__")
-        return _DeviceView(self.ptr, (self.nbytes,), "|u1").__cuda_array_interface__
+            raise PoolError("as_cuda_array: only device blocks have one; use as_numpy for host")
+        self._check_live("as_cuda_array")
+        return _DeviceView(self.ptr, (self.capacity,), "|u1", self.export())
 
     def __dlpack__(self, stream: Any = None) -> Any:
         if not self.is_device:
@@ -143,9 +196,11 @@ class Block:
 
 
 class _DeviceView:
-    """A typed window on device memory, readable through the CUDA array interface."""
+    """A typed window on device memory, readable through the CUDA array interface; holds the
+    block's export."""
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str) -> None:
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, export: _Export) -> None:
+        self.export = export
         self.__cuda_array_interface__ = {
             "shape": shape,
             "typestr": typestr,

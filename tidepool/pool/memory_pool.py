@@ -1,9 +1,11 @@
 """The memory pool: exact-size free lists in front of slabs (small blocks) and buddy arenas
 (large blocks) that grow on demand from an upstream resource, under a hard limit, with stats,
-execution scopes, and trimming at quiet moments."""
+execution scopes, and trimming at quiet moments. Memory a live view still uses (see block.py) is
+neither reused nor given back until the view goes."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,7 +108,10 @@ def _make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[Mem
     if kind == "cuda":
         from tidepool.pool.resources.cuda import CudaResource
 
-        return CudaResource(device, limit_bytes), reason
+        resource = CudaResource(device, limit_bytes)
+        if limit_bytes and not resource.capped_by_driver:
+            reason += "; this driver ignores a CUDA pool's maxSize (before 12.2): the pool's limit caps it"
+        return resource, reason
     raise PoolError(f"kind must be auto, host, pinned or cuda, got {kind!r}")
 
 
@@ -151,6 +156,11 @@ class MemoryPool:
         self._free: dict[FreeKey, list[Location]] = {}  # size class (per stream) -> free locations
         self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size
         self._closed = False
+        # Exports that ended, waiting for the lock: an export can end in any thread, inside garbage
+        # collection that runs while this thread holds the lock, so it is only queued there, and
+        # whoever holds or next takes the lock gives back what waited on it (_drain_soon).
+        self._ended: collections.deque[Block] = collections.deque()
+        self._orphans: list[Arena] = []  # arenas of a closed pool that views still use
         self._active_scopes = 0
         self._working_set = 0  # the largest execution peak seen
         self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
@@ -187,26 +197,76 @@ class MemoryPool:
             scope = self._local.scope
             if scope is not None:
                 scope.add(block)
+        if self._ended:
+            self._drain_soon()
         return block
 
     def release(self, block: Block) -> None:
-        """Take a block back onto its free list (what `Block.free` calls)."""
+        """Take a block back onto its free list (what `Block.free` calls); a block that views still
+        use goes back when the last of them does."""
         with self._lock:
             if block.freed:
                 raise PoolError(f"free: block at {block.ptr:#x} ({block.nbytes} bytes) was already freed")
             if self._closed:
                 raise PoolError(f"free: the pool of block {block.ptr:#x} is closed")
             block.freed = True
-            key = (self._stream_key(block.stream), block.capacity) if self._per_stream else block.capacity
-            cached = self._free.get(key)
-            if cached is None:
-                self._free[key] = [block.location]
-            else:
-                cached.append(block.location)
-            self._allocated -= block.capacity
-            self._num_frees += 1
             if block.scope is not None:
                 block.scope.released(block)
+            if block.exports:
+                block.release_pending = True
+            else:
+                self._put_back(block)
+        if self._ended:
+            self._drain_soon()
+
+    def _put_back(self, block: Block) -> None:
+        key = (self._stream_key(block.stream), block.capacity) if self._per_stream else block.capacity
+        cached = self._free.get(key)
+        if cached is None:
+            self._free[key] = [block.location]
+        else:
+            cached.append(block.location)
+        self._allocated -= block.capacity
+        self._num_frees += 1
+
+    # -- exports (views) --------------------------------------------------------------------
+
+    def export_started(self, block: Block) -> None:
+        with self._lock:
+            block.exports += 1
+            if block.exports == 1:
+                block.location.arena.exports += 1
+
+    def export_ended(self, block: Block) -> None:
+        self._ended.append(block)  # atomic: never blocks, whatever this thread holds
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        """Settle ended exports if the lock is free now; if it is not, its holder does on release."""
+        while self._ended and self._lock.acquire(blocking=False):
+            try:
+                self._drain_locked()
+            finally:
+                self._lock.release()
+
+    def _drain_locked(self) -> None:
+        while self._ended:
+            block = self._ended.popleft()
+            block.exports -= 1
+            if block.exports:
+                continue
+            arena = block.location.arena
+            arena.exports -= 1
+            if block.release_pending:
+                block.release_pending = False
+                if not self._closed:
+                    self._put_back(block)
+            if self._closed and not arena.exports and arena in self._orphans:
+                self._orphans.remove(arena)
+                self.resource.deallocate(arena.allocation)
+                self._upstream_frees += 1
+                if not self._orphans:
+                    self.resource.close()
 
     def _capacity_of(self, key: FreeKey) -> int:
         """The block size a free-list key stands for (keys carry the stream for device memory)."""
@@ -423,19 +483,27 @@ class MemoryPool:
         return self._closed
 
     def close(self) -> None:
-        """Give everything back upstream. Blocks still live become unusable."""
+        """Give everything back upstream. Blocks still live become unusable; an arena that views
+        still use goes back (and the resource closes) when the last of those views does."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             for arena in self._arenas:
-                self.resource.deallocate(arena.allocation)
-                self._upstream_frees += 1
+                if arena.exports:
+                    self._orphans.append(arena)
+                else:
+                    self.resource.deallocate(arena.allocation)
+                    self._upstream_frees += 1
             self._arenas.clear()
             self._free.clear()
             self._slabs.clear()
             self._reserved = self._allocated = 0
-        self.resource.close()
+            close_now = not self._orphans
+        if close_now:
+            self.resource.close()
+        if self._ended:
+            self._drain_soon()
 
     def __enter__(self) -> MemoryPool:
         return self

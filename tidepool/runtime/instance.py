@@ -88,6 +88,10 @@ class ModelInstance:
         self.model = model
         self.settings = settings
         self.device = torch.device(settings.device)
+        if settings.on_gpu:
+            # The stub's main thread serves: CUDA's current device is per thread, and a stub on GPU N
+            # must not create its context, streams or DLPack exports on GPU 0.
+            torch.cuda.set_device(self.device)
         _, self.process_notes = configure_process(
             ProcessRequest(
                 torch_threads=settings.torch_threads,
@@ -130,8 +134,6 @@ class ModelInstance:
         self.staging = self.pool
         if self.pool.kind == "cuda":
             self.staging = MemoryPool("pinned", device=s.device_index, limit_bytes=s.pool_limit_bytes)
-            if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
-                self.pool.resource.set_as_device_default()  # type: ignore[attr-defined]  # torch's own too
         self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -262,7 +264,9 @@ class ModelInstance:
                 batch_sizes.append(validate_request(inputs, self.model, self.settings.allow_nonfinite))
                 valid.append(index)
             except RequestError as error:
-                results[index] = error
+                # Kept without its traceback: that holds this frame, whose `results` holds the
+                # error, a cycle that would keep the batch's pool blocks until garbage collection.
+                results[index] = error.with_traceback(None)
         if self.model.batched and valid:
             outcomes = self._run_batch([requests[i] for i in valid], batch_sizes, execution)
         else:
@@ -279,19 +283,23 @@ class ModelInstance:
         try:
             return self._forward_split(requests, batch_sizes, execution)
         except (OutOfMemory, torch.OutOfMemoryError) as error:
-            for scope, mark in zip(execution.scopes, marks, strict=True):
-                scope.release_from(mark)
-            if len(requests) > 1:
-                half = len(requests) // 2
-                return self._run_batch(requests[:half], batch_sizes[:half], execution) + self._run_batch(
-                    requests[half:], batch_sizes[half:], execution
-                )
-            return [self._does_not_fit(error, batch_sizes[0])]
+            # Kept without its traceback, whose frames hold views of the batch's blocks: those
+            # blocks must come back (below, once this clause has let the frames go) before the
+            # halves are tried.
+            out_of_memory = error.with_traceback(None)
         except RequestError as error:
-            return [error] * len(requests)
+            return [error.with_traceback(None)] * len(requests)  # see _execute
         except Exception as exc:  # the model's own failure must not take the instance down
             failure = RequestError(f"the model failed: {type(exc).__name__}: {exc}", code="INTERNAL")
             return [failure] * len(requests)
+        for scope, mark in zip(execution.scopes, marks, strict=True):
+            scope.release_from(mark)
+        if len(requests) > 1:
+            half = len(requests) // 2
+            return self._run_batch(requests[:half], batch_sizes[:half], execution) + self._run_batch(
+                requests[half:], batch_sizes[half:], execution
+            )
+        return [self._does_not_fit(out_of_memory, batch_sizes[0])]
 
     def _forward_split(
         self, requests: Requests, batch_sizes: list[int], execution: Execution
@@ -350,14 +358,25 @@ class ModelInstance:
         return outputs
 
     def _tensors(self, batch: dict[str, Array]) -> list[torch.Tensor]:
-        """The module's arguments: the inputs in config order, in the compute precision, on the device."""
+        """The module's arguments: the inputs in config order, on the device, in the compute precision."""
         tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.device.type == "cuda":
+            tensors = [self._on_device(t) for t in tensors]
         if self.compute_dtype is not None:
             tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
-        if self.device.type == "cuda":
-            # From pinned staging (or pageable memory when the pool is off) onto the device.
-            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
         return tensors
+
+    def _on_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor (pinned staging, or pageable memory with the pool off) copied onto the
+        device: into a block of the instance's CUDA pool, on torch's current stream, which the
+        forward pass and the DLPack export of its outputs follow."""
+        if self.pool is None or self.pool.kind != "cuda":
+            return host.to(self.device, non_blocking=True)
+        stream = torch.cuda.current_stream(self.device)
+        block = self.pool.allocate(host.numel() * host.element_size(), stream=stream.cuda_stream)
+        device = block.as_torch(host.dtype, tuple(host.shape))
+        device.copy_(host, non_blocking=True)
+        return device
 
     def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
         names = [spec.name for spec in self.model.outputs]

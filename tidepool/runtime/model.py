@@ -38,9 +38,9 @@ def output_tensor(name: str, value: Any) -> Any:
         # A view of a pool block. The stub copies it into shared memory after execute returns;
         # the block stays reserved until the next execute, so nothing overwrites it before then.
         return pb_utils.Tensor(name, value)
-    from torch.utils.dlpack import to_dlpack
-
-    return pb_utils.Tensor.from_dlpack(name, to_dlpack(value))  # GPU: no copy back to the host
+    # GPU: no copy back to the host. The tensor itself, not a capsule: the stub then asks for it
+    # on its own stream, which waits for the forward pass, before it reads the memory.
+    return pb_utils.Tensor.from_dlpack(name, value)
 
 
 def responses_for(execution: Execution) -> list[Any]:

@@ -1,6 +1,8 @@
-"""Process-wide state, set in one place: torch's thread count, its CUDA allocator backend, the C
-heap's retention of freed memory, and the fused attention fast path (switched off around an int8
-instance's forward passes only). A Triton Python stub serves one instance per process; the
+"""Process-wide state, set in one place: torch's thread count, the C heap's retention of freed
+memory, and the fused attention fast path (switched off around an int8 instance's forward passes
+only); and torch's CUDA allocator as the process has it, which Tidepool leaves to torch (its
+caching allocator holds weights and activations; the instance's pool holds its batches:
+docs/pool.md). A Triton Python stub serves one instance per process; the
 profiler and tests may hold several, so what is reported is always read back from the process,
 never what one instance asked for."""
 
@@ -15,10 +17,8 @@ import torch
 
 from tidepool.pool.host_heap import HeapRetention, retain_freed_memory
 
-ALLOCATOR_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
-# With cudaMallocAsync, a model's own GPU allocations come from the device's current memory pool,
-# which a GPU instance sets to its own pool.
-ASYNC_ALLOCATOR = "backend:cudaMallocAsync"
+# Where torch reads its CUDA allocator settings when it loads (newer releases read the first).
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ProcessState:
     """The process's settings as they are now (read back, not remembered)."""
 
     torch_threads: int
-    cuda_allocator: str  # torch's allocator backend, or why it is not known yet
+    cuda_allocator: str  # torch's allocator backend, or what it will be once CUDA initialises
     heap: HeapRetention
 
     def describe(self) -> str:
@@ -50,19 +50,12 @@ _heap = HeapRetention(False, "freed memory not kept: no instance asked for it")
 _configured = False
 
 
-def choose_cuda_allocator() -> None:
-    """Ask for the cudaMallocAsync backend unless the user chose one. torch reads the variable when
-    CUDA initialises, so this must run before the first CUDA call of the process."""
-    os.environ.setdefault(ALLOCATOR_VARIABLE, ASYNC_ALLOCATOR)
-
-
 def configure_process(request: ProcessRequest) -> tuple[ProcessState, list[str]]:
     """Apply what the instance needs; return the process's state and notes on what it changed for
     instances that came before (or could not change). Served instances and the profiler both come
     through here, so a profile measures the process settings (the CUDA allocator too) that serve."""
     global _heap, _configured
     notes = []
-    choose_cuda_allocator()
     if torch.get_num_threads() != request.torch_threads:
         if _configured:
             notes.append(
@@ -107,7 +100,8 @@ def process_state() -> ProcessState:
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         allocator = torch.cuda.get_allocator_backend()
     else:
-        allocator = f"not initialised ({ALLOCATOR_VARIABLE}={os.environ.get(ALLOCATOR_VARIABLE, '')})"
+        settings = [f"{name}={os.environ[name]}" for name in ALLOCATOR_VARIABLES if name in os.environ]
+        allocator = "not initialised (" + (", ".join(settings) or "torch's native caching allocator") + ")"
     return ProcessState(
         torch_threads=torch.get_num_threads(),
         cuda_allocator=allocator,

@@ -1,5 +1,8 @@
 """The CUDA driver through cuda-python, found once: whether a driver and device exist (and why
-not), and a checked call helper that turns CUresult codes into exceptions."""
+not), its version, the device's primary context, and a checked call helper that turns CUresult
+codes into exceptions. Resources make their context current before every driver call, since a
+pool is used from more than one thread (a loading thread, the stub's main thread, a view that goes
+in garbage collection)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,13 @@ from typing import Any
 
 from tidepool.pool.errors import CudaUnavailable
 
+# CUmemPoolProps.maxSize, the CUDA pool's own hard cap, is honoured from CUDA 12.2 drivers on;
+# with older ones the pool's own limit (MemoryPool.limit_bytes) is the only one.
+MAX_SIZE_DRIVER = 12020
 
-def _driver() -> Any:
+
+def bindings() -> Any:
+    """cuda-python's driver module (one place to find it, so tests can stand a fake in)."""
     from cuda.bindings import driver
 
     return driver
@@ -17,7 +25,7 @@ def _driver() -> Any:
 
 def check(result: Any) -> Any:
     """Unpack a cuda-python call's (CUresult, *values), raising on an error code."""
-    driver = _driver()
+    driver = bindings()
     error, *values = result if isinstance(result, tuple) else (result,)
     if error != driver.CUresult.CUDA_SUCCESS:
         _, name = driver.cuGetErrorName(error)
@@ -32,9 +40,10 @@ def check(result: Any) -> Any:
 
 @functools.cache
 def cuda_status(device: int = 0) -> tuple[bool, str]:
-    """(True, device name) when the driver initialises and `device` exists, else (False, why)."""
+    """(True, device name and driver version) when the driver initialises and `device` exists,
+    else (False, why)."""
     try:
-        driver = _driver()
+        driver = bindings()
         check(driver.cuInit(0))
         count = check(driver.cuDeviceGetCount())
     except ImportError as exc:
@@ -45,8 +54,17 @@ def cuda_status(device: int = 0) -> tuple[bool, str]:
         return False, f"no CUDA driver ({type(exc).__name__}: {exc})"
     if device >= count:
         return False, f"CUDA device {device} does not exist ({count} device(s))"
-    name = check(driver.cuDeviceGetName(256, check(driver.cuDeviceGet(device))))
-    return True, name.split(b"\0", 1)[0].decode()
+    name = check(driver.cuDeviceGetName(256, check(driver.cuDeviceGet(device)))).split(b"\0", 1)[0]
+    return True, f"{name.decode()}, driver {describe_version(driver_version())}"
+
+
+def driver_version() -> int:
+    """The driver's CUDA version as the driver API gives it: 12020 for 12.2."""
+    return int(check(bindings().cuDriverGetVersion()))
+
+
+def describe_version(version: int) -> str:
+    return f"CUDA {version // 1000}.{version % 1000 // 10}"
 
 
 def require_cuda(device: int = 0) -> None:
@@ -55,8 +73,12 @@ def require_cuda(device: int = 0) -> None:
         raise CudaUnavailable(f"CUDA memory is not available: {reason}")
 
 
-def make_context_current(device: int) -> None:
-    """Use the device's primary context (the one torch's runtime shares)."""
-    driver = _driver()
-    context = check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(device))))
-    check(driver.cuCtxSetCurrent(context))
+def primary_context(device: int) -> Any:
+    """The device's primary context (the one torch's runtime shares), retained for the caller."""
+    driver = bindings()
+    return check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(device))))
+
+
+def make_current(context: Any) -> None:
+    """Make `context` current on the calling thread (cheap; a driver call needs one current)."""
+    check(bindings().cuCtxSetCurrent(context))

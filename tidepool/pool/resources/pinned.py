@@ -6,33 +6,35 @@ import ctypes
 
 import numpy as np
 
+from tidepool.pool.resources import driver as cuda_driver
 from tidepool.pool.resources.base import Allocation
-from tidepool.pool.resources.driver import check, make_context_current, require_cuda
+from tidepool.pool.resources.driver import check
 
 
 class PinnedResource:
     kind: str = "pinned"
 
     def __init__(self, device: int = 0) -> None:
-        require_cuda(device)
-        from cuda.bindings import driver
-
-        self._driver = driver
+        cuda_driver.require_cuda(device)
+        self._driver = cuda_driver.bindings()
         self.device: int | None = device
-        make_context_current(device)
+        self.context = cuda_driver.primary_context(device)
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
+        cuda_driver.make_current(self.context)
         flags = self._driver.CU_MEMHOSTALLOC_PORTABLE
         ptr = int(check(self._driver.cuMemHostAlloc(nbytes, flags)))
         view = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(ptr))
         return Allocation(ptr, nbytes, host_view=view)
 
     def deallocate(self, allocation: Allocation, stream: int | None = None) -> None:
+        cuda_driver.make_current(self.context)
         allocation.host_view = None
         check(self._driver.cuMemFreeHost(allocation.ptr))
 
     def synchronize(self, stream: int | None) -> None:
         if stream is not None:
+            cuda_driver.make_current(self.context)
             check(self._driver.cuStreamSynchronize(stream))
 
     def trim(self, keep_bytes: int) -> None:
