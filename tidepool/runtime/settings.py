@@ -173,5 +173,5 @@ class InstanceSettings:
         if not self.pool_retain_heap:
             return "POOL_RETAIN_HEAP=false"
         if self.on_gpu:
-            return "a GPU instance (torch's GPU memory comes from the CUDA pool)"
+            return "a GPU instance (its activations live on the device, with torch's allocator)"
         return None
