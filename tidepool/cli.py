@@ -299,10 +299,10 @@ FIRST_LOOK_S = 2.0
 
 def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any], budgets: Any) -> int:
     """`tidepool plan --from-server`: observe, re-plan, and (with --apply) reload; --watch repeats."""
+    from tidepool import parameters as param
     from tidepool.clients.connection import Connection
     from tidepool.configfile import read_config
     from tidepool.planning.live import (
-        GENERATION_PARAMETER,
         apply,
         decide,
         observe,
@@ -318,9 +318,7 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
     with Connection.open("http", args.from_server) as connection:
         while True:
             served = served_config(connection, model)
-            generation = int(
-                served.get("parameters", {}).get(GENERATION_PARAMETER, {}).get("string_value", 0) or 0
-            )
+            generation = param.PLAN_GENERATION.read(param.string_parameters(served))
             label = served_label(served, budgets.cores)
             # A config that is none of the plans is replaced after a short first look: telling
             # light traffic from heavy needs seconds, and every window of it is served badly.

@@ -113,31 +113,6 @@ class ModelSpec:
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
 
-    def param(self, key: str, default: str | None = None) -> str | None:
-        return self.parameters.get(key, default)
-
-    def bytes_param(self, key: str) -> int | None:
-        text = self.parameters.get(key)
-        return parse_bytes(text, f"parameter {key}") if text else None
-
-    def choice_param(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = (self.parameters.get(key) or default).strip().lower()
-        if value not in choices:
-            raise ConfigError(f"parameter {key}: expected one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def int_param(self, key: str, default: int, minimum: int = 0) -> int:
-        text = self.parameters.get(key)
-        if text is None or text == "":
-            return default
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(f"parameter {key}: expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise ConfigError(f"parameter {key}: must be at least {minimum}, got {value}")
-        return value
-
 
 _BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

@@ -219,7 +219,8 @@ def test_only_instances_that_ask_for_more_than_the_cores_are_elastic(monkeypatch
     assert not elastic(2, "2", elastic="false")
     assert not elastic(2, "2", elastic=None)  # off unless asked
     assert not elastic(2, "2", kind="KIND_GPU")
-    assert not elastic(2, "two")  # refused at load, with its reason
+    with pytest.raises(ConfigError, match="TORCH_NUM_THREADS: expected an integer, got 'two'"):
+        elastic(2, "two")  # as the load refuses it
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 2)
     spec = parse_model_config(config(2, "2"))
     assert InstanceSettings.from_spec(spec, Placement("CPU"), lambda: False).elastic_threads

@@ -21,8 +21,10 @@ ALLOWED = {
     "errors": set(),
     "pool": {"errors"},
     "spec": {"errors"},
+    # parameters: the table of backend parameters, which the runtime reads and the planner writes.
+    "parameters": {"errors", "spec"},
     # inputs: valid random inputs from a config (numpy only), to check a frozen graph at load.
-    "runtime": {"errors", "spec", "inputs", "pool", "processes", "machine"},
+    "runtime": {"errors", "spec", "parameters", "inputs", "pool", "processes", "machine"},
     "configfile": {"errors"},
     "inputs": {"errors", "spec"},
     "machine": set(),
@@ -31,6 +33,7 @@ ALLOWED = {
     "planning": {
         "errors",
         "spec",
+        "parameters",
         "configfile",
         "inputs",
         "machine",
@@ -92,7 +95,7 @@ def loaded_modules(code: str) -> dict[str, list[str]]:
     }
 
 
-def test_the_python_stub_imports_only_runtime_pool_spec_inputs_errors_processes_and_machine():
+def test_the_python_stub_imports_only_runtime_pool_and_the_small_modules_they_share():
     # What the stub runs: backend/model.py as `model`, with Triton's pb_utils importable.
     loaded = loaded_modules(
         "import sys, types, runpy\n"
@@ -101,7 +104,7 @@ def test_the_python_stub_imports_only_runtime_pool_spec_inputs_errors_processes_
     )
     allowed_prefixes = ("tidepool.runtime", "tidepool.pool")
     allowed = {"tidepool", "tidepool.errors", "tidepool.spec", "tidepool.inputs", "tidepool.processes",
-               "tidepool.machine"}  # fmt: skip
+               "tidepool.machine", "tidepool.parameters"}  # fmt: skip
     extra = [m for m in loaded["tidepool"] if m not in allowed and not m.startswith(allowed_prefixes)]
     assert not extra, f"the stub's import closure grew: {extra}"
     offline = {"tritonclient", "google", "grpc", "matplotlib", "locust", "gevent", "psutil"} & set(

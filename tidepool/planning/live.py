@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tidepool import parameters as param
 from tidepool.clients.connection import Connection
 from tidepool.configfile import ModelConfig, as_dict
 from tidepool.errors import TidepoolError
@@ -45,8 +46,6 @@ CAPACITY_MARGIN = 1.15
 # busy whatever the arrival rate suggests: few clients in a closed loop never fill the batches that
 # the capacity counts on (2 clients on one instance form batches of 1 and each waits for the other).
 WAITING_AT = 0.5
-GENERATION_PARAMETER = "TIDEPOOL_PLAN_GENERATION"
-REASON_PARAMETER = "TIDEPOOL_PLAN_REASON"
 
 
 class LiveError(TidepoolError):
@@ -178,16 +177,16 @@ def label_instances(label: str) -> int:
 
 def served_label(config: dict[str, Any], cores: int) -> str:
     """The label (as Plan.label) of a config as the server reports it."""
-    parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    given = param.string_parameters(config)
     instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
     delay = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
     threads = served_threads(
         instances,
-        int(parameters.get("TORCH_NUM_THREADS") or cores),
+        param.TORCH_NUM_THREADS.read(given) or cores,
         cores,
-        elastic=parameters.get("ELASTIC_THREADS", "false") == "true",
+        elastic=param.ELASTIC_THREADS.read(given),
     )
-    precision, graph = parameters.get("PRECISION", "fp32"), parameters.get("GRAPH", "eager")
+    precision, graph = param.PRECISION.read(given), param.GRAPH.read(given)
     return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay, graph)
 
 
@@ -269,8 +268,8 @@ def apply(
     new instances, then moves traffic; requests in flight and queued finish on the old ones."""
     config = planned_config(base, plan)
     config.name = model
-    config.parameters[GENERATION_PARAMETER].string_value = str(generation)
-    config.parameters[REASON_PARAMETER].string_value = f"{plan.label}: {reason}"
+    config.parameters[param.PLAN_GENERATION.name].string_value = param.PLAN_GENERATION.write(generation)
+    config.parameters[param.PLAN_REASON.name].string_value = f"{plan.label}: {reason}"
     as_json = as_dict(config)
     try:
         connection.client.load_model(model, config=json.dumps(as_json))

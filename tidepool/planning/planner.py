@@ -9,7 +9,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from tidepool import parameters as param
 from tidepool.configfile import ModelConfig, ModelQueuePolicy, read_config, set_instances, write_config
 from tidepool.errors import TidepoolError
 from tidepool.machine import planned_on_line, usable_cores
@@ -485,19 +487,22 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     # An elastic plan's instances prefer the first of them: a lone client's requests then all
     # run on one warm instance with every core instead of alternating (see set_instances).
     set_instances(config, result.instance_count, prefer_first=result.min_threads > 0)
-    config.parameters["TORCH_NUM_THREADS"].string_value = str(result.torch_threads)
-    if result.min_threads:
-        config.parameters["ELASTIC_THREADS"].string_value = "true"
-    else:
-        config.parameters.pop("ELASTIC_THREADS", None)  # off by default
-    config.parameters["PRECISION"].string_value = result.precision
-    if result.graph == "eager":
-        config.parameters.pop("GRAPH", None)  # the default
-    else:
-        config.parameters["GRAPH"].string_value = result.graph
-    config.parameters["POOL_INITIAL_BYTES"].string_value = str(result.pool_initial_bytes)
-    config.parameters["POOL_LIMIT_BYTES"].string_value = str(result.pool_limit_bytes)
-    config.parameters.pop("POOL_WARMUP_BATCH_SIZES", None)  # follows max_batch_size at load
+    # Each planned setting, and whether it is written when it is the default (the precision and
+    # the pool's sizes always are, so that a reader of the config sees them).
+    planned: list[tuple[param.Parameter[Any], Any, bool]] = [
+        (param.TORCH_NUM_THREADS, result.torch_threads, True),
+        (param.ELASTIC_THREADS, result.min_threads > 0, False),
+        (param.PRECISION, result.precision, True),
+        (param.GRAPH, result.graph, False),
+        (param.POOL_INITIAL_BYTES, result.pool_initial_bytes, True),
+        (param.POOL_LIMIT_BYTES, result.pool_limit_bytes, True),
+        (param.POOL_WARMUP_BATCH_SIZES, None, False),  # follows max_batch_size at load
+    ]
+    for parameter, value, always in planned:
+        if value == parameter.default and not always:
+            config.parameters.pop(parameter.name, None)
+        else:
+            config.parameters[parameter.name].string_value = parameter.write(value)
     return config
 
 

@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tidepool import parameters as param
 from tidepool.machine import usable_cores
+from tidepool.parameters import DEFAULT_HOLD_US
 from tidepool.processes import SHM_DIRECTORY, alive
 from tidepool.spec import ConfigError, ModelSpec, parse_model_config
 
@@ -49,7 +51,6 @@ BUSY = 2**63 - 1  # "until further notice": computing now
 #   LOADED_OVERLAP) is not held at all: the next request, whichever instance takes it, runs alone;
 # - a loaded one that takes batches back to back (gaps under BACK_TO_BACK_NS) is held for twice
 #   its typical gap, and otherwise for ELASTIC_HOLD_US (default DEFAULT_HOLD_US).
-DEFAULT_HOLD_US = 1000
 BACK_TO_BACK_NS = 10_000_000
 GAP_CAP_NS = 20_000_000  # longer gaps count as this long: one idle spell must not dominate the mean
 # A pass overlaps when another instance was in a pass (or waiting for a core) as it started or
@@ -125,13 +126,11 @@ ELASTIC_SPIN_COUNT = "20000"
 
 def oversubscribed(model: ModelSpec, cores: int) -> bool:
     """Whether the model's CPU instances could ask for more threads than there are cores, which is
-    when elastic threads change anything (and ELASTIC_THREADS is true)."""
-    if (model.param("ELASTIC_THREADS") or "false").strip().lower() != "true":
+    when elastic threads change anything (and ELASTIC_THREADS is true). A bad value of either
+    parameter raises ConfigError, as the instance's load does."""
+    if not param.ELASTIC_THREADS.read(model.parameters):
         return False
-    try:
-        threads = int(model.param("TORCH_NUM_THREADS") or cores)
-    except ValueError:
-        return False  # the instance refuses it at load, with the reason
+    threads = param.TORCH_NUM_THREADS.read(model.parameters) or cores
     return model.cpu_instances * min(threads, cores) > cores
 
 
@@ -139,11 +138,10 @@ def prepare_openmp(model_config: dict[str, Any]) -> str | None:
     """Before torch loads in a stub: bound how long idle OpenMP threads spin where elastic threads
     share the cores (see ELASTIC_SPIN_COUNT). A value the user set is kept. Returns a note for the log."""
     try:
-        model = parse_model_config(model_config)
+        if not oversubscribed(parse_model_config(model_config), usable_cores()):
+            return None
     except ConfigError:
         return None  # loading the instance says what is wrong
-    if not oversubscribed(model, usable_cores()):
-        return None
     if SPIN_VARIABLE in os.environ:
         return f"{SPIN_VARIABLE}={os.environ[SPIN_VARIABLE]} as set"
     os.environ[SPIN_VARIABLE] = ELASTIC_SPIN_COUNT

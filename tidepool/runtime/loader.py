@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tidepool import parameters as param
 from tidepool.errors import TidepoolError
 from tidepool.spec import ConfigError, ModelSpec
 
@@ -63,8 +64,8 @@ def _load_factory(model_dir: Path, factory: str, model_name: str) -> torch.nn.Mo
 def load_model(model_dir: Path | str, model: ModelSpec) -> torch.nn.Module:
     """Build the model's nn.Module in eval mode, as its config's parameters say."""
     model_dir = Path(model_dir)
-    factory = model.param("MODEL_FACTORY")
-    script = model.param("TORCHSCRIPT")
+    factory = param.MODEL_FACTORY.read(model.parameters)
+    script = param.TORCHSCRIPT.read(model.parameters)
     if bool(factory) == bool(script):
         raise ConfigError(
             f"model {model.name}: set exactly one of the parameters MODEL_FACTORY "
@@ -79,7 +80,7 @@ def load_model(model_dir: Path | str, model: ModelSpec) -> torch.nn.Module:
             module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise ModelLoadError(f"loading TorchScript {path} failed: {exc}") from exc
-    weights = model.param("WEIGHTS")
+    weights = param.WEIGHTS.read(model.parameters)
     if weights:
         path = resolve_inside(model_dir, weights, "WEIGHTS file")
         try:

@@ -7,14 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tidepool import parameters as param
 from tidepool.machine import usable_cores
-from tidepool.runtime.cores import DEFAULT_HOLD_US, oversubscribed
-from tidepool.spec import ConfigError, ModelSpec, positive_ints
-
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
-GRAPHS = ("eager", "frozen")  # see runtime/graph.py
-POOL_KINDS = ("auto", "host", "pinned", "cuda")
+from tidepool.runtime.cores import oversubscribed
+from tidepool.spec import ConfigError, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -63,16 +59,15 @@ def warmup_batch_sizes(model: ModelSpec) -> tuple[tuple[int, ...], list[str]]:
     clamped to it, so a tool that lowers max_batch_size never makes the config fail to load."""
     if not model.batched:
         return (1,), []
-    text = model.param("POOL_WARMUP_BATCH_SIZES")
-    if not text:
+    asked = param.POOL_WARMUP_BATCH_SIZES.read(model.parameters)
+    if not asked:
         return tuple(sorted({1, model.max_batch_size})), []
-    asked = positive_ints(text, "parameter POOL_WARMUP_BATCH_SIZES")
     sizes = tuple(sorted({min(size, model.max_batch_size) for size in asked}))
     notes = []
     if max(asked) > model.max_batch_size:
         notes.append(
-            f"POOL_WARMUP_BATCH_SIZES {text} lists sizes above max_batch_size {model.max_batch_size}: "
-            f"warming up {','.join(map(str, sizes))} instead"
+            f"POOL_WARMUP_BATCH_SIZES {param.sizes_text(asked)} lists sizes above max_batch_size "
+            f"{model.max_batch_size}: warming up {param.sizes_text(sizes)} instead"
         )
     return sizes, notes
 
@@ -128,42 +123,33 @@ class InstanceSettings:
             import torch
 
             cuda_available = torch.cuda.is_available
-        device = resolve_device(
-            model.choice_param("DEVICE", DEVICES, "auto"), placement or Placement(), cuda_available
-        )
-        precision = model.choice_param("PRECISION", PRECISIONS, "fp32")
+        given = model.parameters
+        device = resolve_device(param.DEVICE.read(given), placement or Placement(), cuda_available)
+        precision = param.PRECISION.read(given)
         if precision == "fp16" and device == "cpu":
             raise ConfigError("parameter PRECISION: fp16 is for GPU instances; use bf16 or int8 on the CPU")
         if precision == "int8" and device != "cpu":
             raise ConfigError("parameter PRECISION: int8 (dynamic quantization) runs on the CPU only")
-        threshold_text = model.param("POOL_FRAGMENTATION_THRESHOLD", "0.10") or "0.10"
-        try:
-            threshold = float(threshold_text)
-        except ValueError:
-            raise ConfigError(
-                f"parameter POOL_FRAGMENTATION_THRESHOLD: not a number: {threshold_text!r}"
-            ) from None
         sizes, notes = warmup_batch_sizes(model)
+        elastic = param.ELASTIC_THREADS.read(given)
         return cls(
-            torch_threads=model.int_param("TORCH_NUM_THREADS", usable_cores(), minimum=1),
-            elastic_threads=device == "cpu"
-            and model.choice_param("ELASTIC_THREADS", ("true", "false"), "false") == "true"
-            and oversubscribed(model, usable_cores()),
-            elastic_hold_us=model.int_param("ELASTIC_HOLD_US", DEFAULT_HOLD_US),
-            allow_nonfinite=model.choice_param("ALLOW_NONFINITE", ("true", "false"), "false") == "true",
+            torch_threads=param.TORCH_NUM_THREADS.read(given) or usable_cores(),
+            elastic_threads=elastic and device == "cpu" and oversubscribed(model, usable_cores()),
+            elastic_hold_us=param.ELASTIC_HOLD_US.read(given),
+            allow_nonfinite=param.ALLOW_NONFINITE.read(given),
             device=device,
             precision=precision,
-            graph=model.choice_param("GRAPH", GRAPHS, "eager"),
-            pool_enabled=model.choice_param("POOL", ("on", "off"), "on") == "on",
-            pool_kind=model.choice_param("POOL_KIND", POOL_KINDS, "auto"),
-            pool_limit_bytes=model.bytes_param("POOL_LIMIT_BYTES"),
-            pool_initial_bytes=model.bytes_param("POOL_INITIAL_BYTES") or 0,
-            pool_fragmentation_threshold=threshold,
-            pool_retain_heap=model.choice_param("POOL_RETAIN_HEAP", ("true", "false"), "true") == "true",
+            graph=param.GRAPH.read(given),
+            pool_enabled=param.POOL.read(given),
+            pool_kind=param.POOL_KIND.read(given),
+            pool_limit_bytes=param.POOL_LIMIT_BYTES.read(given),
+            pool_initial_bytes=param.POOL_INITIAL_BYTES.read(given),
+            pool_fragmentation_threshold=param.POOL_FRAGMENTATION_THRESHOLD.read(given),
+            pool_retain_heap=param.POOL_RETAIN_HEAP.read(given),
             warmup_batch_sizes=sizes,
             notes=tuple(notes),
-            plan_generation=model.int_param("TIDEPOOL_PLAN_GENERATION", 0),
-            plan_reason=model.param("TIDEPOOL_PLAN_REASON", "") or "",
+            plan_generation=param.PLAN_GENERATION.read(given),
+            plan_reason=param.PLAN_REASON.read(given),
         )
 
     def why_heap_not_kept(self) -> str | None:

@@ -1,0 +1,221 @@
+"""Every backend parameter of config.pbtxt in one typed table: its name, its default, how its text
+is read (a bad value refused with the parameter's name), how a value is written, and what it
+means. The runtime reads through it, the planner writes through it, and the README's parameter
+table is checked against it (tests/unit/test_parameters.py): a new parameter is one entry here
+and the code that uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tidepool.spec import ConfigError, parse_bytes, positive_ints
+
+Value = TypeVar("Value")
+
+
+@dataclass(frozen=True)
+class Parameter(Generic[Value]):
+    name: str
+    default: Value
+    parse: Callable[[str, str], Value]  # (text, where) -> value, or ConfigError naming `where`
+    meaning: str
+    default_text: str = ""  # the default as the README says it, where it is not the value's text
+    write_value: Callable[[Value], str] = str
+
+    def read(self, parameters: Mapping[str, str]) -> Value:
+        """The value in `parameters` (a config's string parameters), or the default when unset."""
+        text = parameters.get(self.name)
+        if text is None or not text.strip():
+            return self.default
+        return self.parse(text.strip(), f"parameter {self.name}")
+
+    def write(self, value: Value) -> str:
+        return self.write_value(value)
+
+    @property
+    def documented_default(self) -> str:
+        """The default as the README's table shows it."""
+        if self.default_text:
+            return self.default_text
+        return "none" if self.default is None else f"`{self.write(self.default)}`"
+
+
+def one_of(*choices: str) -> Callable[[str, str], str]:
+    def parse(text: str, where: str) -> str:
+        value = text.lower()
+        if value not in choices:
+            raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def boolean(text: str, where: str) -> bool:
+    return one_of("true", "false")(text, where) == "true"
+
+
+def write_boolean(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def switch(text: str, where: str) -> bool:
+    return one_of("on", "off")(text, where) == "on"
+
+
+def write_switch(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def at_least(minimum: int) -> Callable[[str, str], int]:
+    def parse(text: str, where: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{where}: must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def fraction(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{where}: must be between 0 and 1, got {value}")
+    return value
+
+
+def byte_size(text: str, where: str) -> int:
+    return parse_bytes(text, where)
+
+
+def batch_sizes(text: str, where: str) -> tuple[int, ...]:
+    return tuple(positive_ints(text, where))
+
+
+def as_text(text: str, where: str) -> str:
+    return text
+
+
+def sizes_text(value: tuple[int, ...]) -> str:
+    return ",".join(map(str, value))
+
+
+def string_parameters(config: Mapping[str, object]) -> dict[str, str]:
+    """name -> text of the parameters of a config as Triton hands it over (JSON-style dict)."""
+    given = config.get("parameters") or {}
+    assert isinstance(given, Mapping)
+    return {name: value.get("string_value", "") for name, value in given.items()}
+
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+GRAPHS = ("eager", "frozen")  # see runtime/graph.py
+POOL_KINDS = ("auto", "host", "pinned", "cuda")
+DEFAULT_HOLD_US = 1000  # see runtime/cores.py
+
+MODEL_FACTORY: Parameter[str | None] = Parameter(
+    "MODEL_FACTORY", None, as_text,
+    "`module:function` returning an `nn.Module`, in the model directory", "one of them",
+)  # fmt: skip
+TORCHSCRIPT: Parameter[str | None] = Parameter(
+    "TORCHSCRIPT", None, as_text, "a TorchScript file in the model directory", "one of them"
+)
+WEIGHTS: Parameter[str | None] = Parameter(
+    "WEIGHTS", None, as_text, "a state dict in the model directory, read with `weights_only=True`"
+)
+TORCH_NUM_THREADS: Parameter[int | None] = Parameter(
+    "TORCH_NUM_THREADS", None, at_least(1),
+    "torch intra-op threads per instance (the most, with elastic threads)", "the machine's cores",
+)  # fmt: skip
+ELASTIC_THREADS: Parameter[bool] = Parameter(
+    "ELASTIC_THREADS", False, boolean,
+    "`true`: CPU instances that together ask for more threads than there are cores share them among "
+    "those busy: alone, every core; all busy, an equal share (docs/planning.md)",
+    write_value=write_boolean,
+)  # fmt: skip
+ELASTIC_HOLD_US: Parameter[int] = Parameter(
+    "ELASTIC_HOLD_US", DEFAULT_HOLD_US, at_least(0),
+    "with elastic threads, while an instance's passes overlap other instances' (load): the least "
+    "time it still counts as busy after its forward pass (one taking batches back to back is held "
+    "for twice its gap between them); without load it is not held, so a lone request runs on every "
+    "core whichever instance takes it",
+)  # fmt: skip
+PRECISION: Parameter[str] = Parameter(
+    "PRECISION", "fp32", one_of(*PRECISIONS),
+    "`fp32`, `bf16`, `fp16` (GPU), `int8` (CPU, dynamic quantization)",
+)  # fmt: skip
+GRAPH: Parameter[str] = Parameter(
+    "GRAPH", "eager", one_of(*GRAPHS),
+    "`eager` runs the module as loaded; `frozen` traces it at load with TorchScript and freezes it "
+    "(weights as constants, BatchNorm folded), checked against eager at two batch sizes: a model "
+    "whose trace fixed a shape or a branch fails to load with a message (docs/planning.md)",
+)  # fmt: skip
+DEVICE: Parameter[str] = Parameter(
+    "DEVICE", "auto", one_of(*DEVICES),
+    "`auto`, `cpu`, `cuda`; `auto` follows the instance group (`KIND_CPU`, `KIND_GPU` and its device)",
+)  # fmt: skip
+ALLOW_NONFINITE: Parameter[bool] = Parameter(
+    "ALLOW_NONFINITE", False, boolean, "`true` serves NaN/Inf in float inputs", write_value=write_boolean
+)
+POOL: Parameter[bool] = Parameter(
+    "POOL",
+    True,
+    switch,
+    "`off` uses plain allocation (to measure the pool's effect)",
+    write_value=write_switch,
+)
+POOL_KIND: Parameter[str] = Parameter(
+    "POOL_KIND", "auto", one_of(*POOL_KINDS), "`auto`, `host`, `pinned`, `cuda`"
+)
+POOL_LIMIT_BYTES: Parameter[int | None] = Parameter(
+    "POOL_LIMIT_BYTES", None, byte_size,
+    "hard cap of the instance's pool, e.g. `2GiB`: the instance's own blocks (batches and outputs; "
+    "on a GPU pinned staging and device inputs), not torch's own allocations (docs/pool.md)",
+)  # fmt: skip
+POOL_INITIAL_BYTES: Parameter[int] = Parameter("POOL_INITIAL_BYTES", 0, byte_size, "reserved at start")
+POOL_WARMUP_BATCH_SIZES: Parameter[tuple[int, ...] | None] = Parameter(
+    "POOL_WARMUP_BATCH_SIZES", None, batch_sizes,
+    "batch sizes run at load; sizes above `max_batch_size` are clamped", "`1,max_batch_size`",
+    write_value=lambda value: sizes_text(value) if value else "",
+)  # fmt: skip
+POOL_FRAGMENTATION_THRESHOLD: Parameter[float] = Parameter(
+    "POOL_FRAGMENTATION_THRESHOLD", 0.10, fraction,
+    "fragmentation above which the pool recycles and trims", write_value=lambda value: f"{value:.2f}",
+)  # fmt: skip
+POOL_RETAIN_HEAP: Parameter[bool] = Parameter(
+    "POOL_RETAIN_HEAP", True, boolean,
+    "keep torch's freed CPU memory in the process for the next execution", write_value=write_boolean,
+)  # fmt: skip
+# Written by `tidepool plan --from-server --apply` on each config it loads: which one, and why.
+PLAN_GENERATION: Parameter[int] = Parameter(
+    "TIDEPOOL_PLAN_GENERATION", 0, at_least(0), "set by the live re-planner: the config's generation"
+)
+PLAN_REASON: Parameter[str] = Parameter(
+    "TIDEPOOL_PLAN_REASON", "", as_text, "set by the live re-planner: why it loaded this config", "none"
+)
+
+# Every parameter, in the README's order. `range.<INPUT>` (a value range per input) is read by
+# spec.py with the input it belongs to.
+ALL: tuple[Parameter[object], ...] = (
+    MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
+    PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
+    POOL_INITIAL_BYTES, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
+    PLAN_GENERATION, PLAN_REASON,
+)  # type: ignore[assignment]  # fmt: skip
+
+
+RANGE_ROW = "| `range.<INPUT>` | inclusive `LOW,HIGH` every value of that input must stay within | none |"
+
+
+def markdown_table() -> str:
+    """The README's table of parameters, made from this one (a test checks they are the same)."""
+    rows = ["| parameter | meaning | default |", "| --- | --- | --- |"]
+    rows += [f"| `{p.name}` | {p.meaning} | {p.documented_default} |" for p in ALL]
+    return "\n".join([*rows, RANGE_ROW])
