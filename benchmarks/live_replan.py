@@ -34,7 +34,9 @@ from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
 from tidepool.configfile import copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.planning.planner import Budgets, candidates, thread_splits, write_plan
+from tidepool.planning.candidates import candidates, thread_splits
+from tidepool.planning.config_writer import write_plan
+from tidepool.planning.plan import Budgets
 from tidepool.planning.profiler import profile_model
 from tidepool.testing import MODEL_REPOSITORY
 

@@ -35,8 +35,8 @@ from tidepool.clients.sweep import LevelResult
 from tidepool.configfile import ModelConfig, as_dict, copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
+from tidepool.planning.candidates import thread_splits
 from tidepool.planning.live import served_label
-from tidepool.planning.planner import thread_splits
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 

@@ -211,15 +211,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tidepool.planning.planner import (
-        Budgets,
-        PlanError,
-        candidates,
-        precisions_to_try,
-        thread_splits,
-        to_verify,
-        write_plan,
-    )
+    from tidepool.planning.candidates import candidates, precisions_to_try, thread_splits, to_verify
+    from tidepool.planning.config_writer import write_plan
+    from tidepool.planning.plan import Budgets, PlanError
     from tidepool.planning.profile import Profile
 
     model_dir = Path(args.model_dir)
@@ -302,6 +296,8 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
     from tidepool import parameters as param
     from tidepool.clients.connection import Connection
     from tidepool.configfile import read_config
+    from tidepool.planning.candidates import candidates
+    from tidepool.planning.config_writer import write_plan
     from tidepool.planning.live import (
         apply,
         decide,
@@ -309,7 +305,6 @@ def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any],
         served_config,
         served_label,
     )
-    from tidepool.planning.planner import candidates, write_plan
 
     model = args.model or model_dir.name
     base = read_config(model_dir / "config.pbtxt")

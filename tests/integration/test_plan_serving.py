@@ -13,8 +13,10 @@ import numpy as np
 from tidepool.clients.connection import Connection
 from tidepool.configfile import as_dict, copy_model, read_config, set_instances
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.planning.candidates import plan
+from tidepool.planning.config_writer import write_plan
 from tidepool.planning.live import served_label
-from tidepool.planning.planner import Budgets, plan, write_plan
+from tidepool.planning.plan import Budgets
 from tidepool.planning.profile import Profile
 from tidepool.planning.profiler import profile_model
 from tidepool.testing import MODEL_REPOSITORY

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_planner import variant
+from tidepool.planning.candidates import candidates
 from tidepool.planning.live import (
     CAPACITY_MARGIN,
     Observation,
@@ -15,7 +16,7 @@ from tidepool.planning.live import (
     served_label,
     serving_overhead_ms,
 )
-from tidepool.planning.planner import Budgets, candidates
+from tidepool.planning.plan import Budgets
 
 MiB = 2**20
 # Fixed threads: the watcher's choices between a low-latency and a high-capacity config.

@@ -12,17 +12,10 @@ from tritonclient.grpc import model_config_pb2
 
 from tidepool import configfile
 from tidepool.configfile import PRIORITY_STEP, ConfigFileError, config_text, read_config, write_config
-from tidepool.planning.planner import (
-    Budgets,
-    PlanError,
-    candidates,
-    capacity,
-    plan,
-    planned_config,
-    shared_batch_plan,
-    to_verify,
-    write_plan,
-)
+from tidepool.planning.candidates import candidates, plan, shared_batch_plan, to_verify
+from tidepool.planning.choose import capacity
+from tidepool.planning.config_writer import planned_config, write_plan
+from tidepool.planning.plan import Budgets, PlanError
 from tidepool.planning.profile import Profile
 from tidepool.testing import MODEL_REPOSITORY
 

@@ -20,15 +20,10 @@ from tidepool import parameters as param
 from tidepool.clients.connection import Connection
 from tidepool.configfile import ModelConfig, as_dict
 from tidepool.errors import TidepoolError
-from tidepool.planning.planner import (
-    Budgets,
-    Plan,
-    candidates,
-    capacity,
-    config_label,
-    planned_config,
-    served_threads,
-)
+from tidepool.planning.candidates import candidates
+from tidepool.planning.choose import capacity
+from tidepool.planning.config_writer import planned_config
+from tidepool.planning.plan import Budgets, Plan, config_label, served_threads
 from tidepool.planning.profile import Profile
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...

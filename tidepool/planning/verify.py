@@ -17,7 +17,8 @@ from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.configfile import copy_model, read_config
 from tidepool.errors import TidepoolError
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.planning.planner import Budgets, Plan, planned_config
+from tidepool.planning.config_writer import planned_config
+from tidepool.planning.plan import Budgets, Plan
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 # Two windows per candidate and level, as benchmarks/plan_vs_grid.py measures each config of its

@@ -1,0 +1,126 @@
+"""The plan and what it is planned against: budgets, one setting's choice with its reason, the
+plan itself, and its label (the same for a plan and for what a server serves, '2x1 fp32 b8 d0ms').
+Like the rest of the planner it never imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tidepool.errors import TidepoolError
+from tidepool.machine import usable_cores
+from tidepool.planning.profile import Profile
+
+MIB = 2**20
+
+
+class PlanError(TidepoolError, ValueError):
+    """The budgets cannot be met; the message says which and by how much."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    memory_bytes: int
+    latency_ms: float
+    headroom: float = 0.8  # use at most this share of the memory budget
+    cores: int = field(default_factory=usable_cores)  # the CPU affinity's, as the served instances see
+    # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
+    # default_queue_policy roughly halved this backend's throughput (see docs/planning.md).
+    bounded_queue: bool = False
+    # The largest output difference from fp32 (max absolute) a lower precision may have; 0: fp32 only.
+    max_output_error: float = 0.0
+    # CPU: also plan instances that share the cores among those busy (runtime/cores.py). On by
+    # default since the hold follows each instance's gaps: for both example models its worst level
+    # was the best of the three ways to split 2 cores (docs/planning.md).
+    elastic_threads: bool = True
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.headroom * self.memory_bytes
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting of the plan and why it has that value."""
+
+    value: int
+    reason: str
+
+
+@dataclass
+class Plan:
+    max_batch_size: int
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    instance_count: int
+    max_queue_size: int
+    queue_timeout_us: int
+    bounded_queue: bool
+    pool_initial_bytes: int
+    pool_limit_bytes: int
+    reasons: dict[str, str]
+    torch_threads: int = 1  # the most one forward pass uses
+    # Elastic threads (CPU): each instance takes from min_threads (every instance busy) up to
+    # torch_threads (running alone); 0: fixed at torch_threads.
+    min_threads: int = 0
+    runs_alone_as: Plan | None = field(default=None, repr=False)  # elastic: the plan with every core
+    precision: str = "fp32"
+    graph: str = "eager"  # or "frozen" (runtime/graph.py)
+    predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
+    lone_latency_ms: float = 0.0  # what a request that arrives alone waits and runs (p50)
+    profile: Profile | None = field(default=None, repr=False)  # what it was planned from
+
+    @property
+    def label(self) -> str:
+        return config_label(
+            self.instance_count,
+            f"{self.min_threads}-{self.torch_threads}" if self.min_threads else self.torch_threads,
+            self.precision,
+            self.max_batch_size,
+            self.max_queue_delay_us,
+            self.graph,
+        )
+
+    def describe(self) -> str:
+        return "\n".join(
+            f"  {label:<30} {getattr(self, attr)!s:<12} {self.reasons.get(attr, '')}"
+            for label, attr in PLAN_FIELDS
+        )
+
+
+def config_label(
+    instances: int,
+    threads: int | str,
+    precision: str,
+    max_batch_size: int,
+    delay_us: int,
+    graph: str = "eager",
+) -> str:
+    """A config's short name, the same for a plan and for what a server serves: '2x1 fp32 b8 d0ms'
+    (instances x torch threads, precision, max batch size, queue delay; '2x1-2' for elastic threads,
+    'fp32 frozen' for a frozen graph)."""
+    runs_as = precision if graph == "eager" else f"{precision} {graph}"
+    return f"{instances}x{threads} {runs_as} b{max_batch_size} d{delay_us / 1000:g}ms"
+
+
+def served_threads(instances: int, threads: int, cores: int, elastic: bool) -> str:
+    """A config's threads as its label shows them: with elastic threads (ELASTIC_THREADS true)
+    instances that ask for more than the cores share them, '1-2'."""
+    if elastic and instances * threads > cores:
+        return f"{max(1, cores // instances)}-{threads}"
+    return str(threads)
+
+
+# (name in config.pbtxt, Plan attribute)
+PLAN_FIELDS = [
+    ("TORCH_NUM_THREADS", "torch_threads"),
+    ("PRECISION", "precision"),
+    ("GRAPH", "graph"),
+    ("max_batch_size", "max_batch_size"),
+    ("preferred_batch_size", "preferred_batch_sizes"),
+    ("max_queue_delay_microseconds", "max_queue_delay_us"),
+    ("instance_group count", "instance_count"),
+    ("max_queue_size", "max_queue_size"),
+    ("default_timeout_microseconds", "queue_timeout_us"),
+    ("POOL_INITIAL_BYTES", "pool_initial_bytes"),
+    ("POOL_LIMIT_BYTES", "pool_limit_bytes"),
+]
