@@ -22,6 +22,47 @@ def progress_printer(text: str) -> None:
     print(f"{text:<90}", end=end, file=sys.stderr, flush=True)
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: '1,2,4' -> [1, 2, 4], each at least 1."""
+    try:
+        return positive_ints(text, "a list", example="1,2,4")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_measuring_options(parser: argparse.ArgumentParser) -> None:
+    from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT
+
+    parser.add_argument(
+        "--batch-sizes",
+        type=int_list,
+        default=list(PROFILE_BATCH_SIZES),
+        metavar="B1,B2",
+        help=f"default: {','.join(map(str, PROFILE_BATCH_SIZES))}",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
+    parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
+    parser.add_argument(
+        "--seconds-per-point",
+        type=float,
+        default=SECONDS_PER_POINT,
+        help="time each batch size for about this long, at least 10 passes (default: %(default)s)",
+    )
+
+
+def _measuring(args: argparse.Namespace) -> Any:
+    from tidepool.planning.run import Measuring
+
+    return Measuring(
+        batch_sizes=tuple(args.batch_sizes),
+        device=args.device,
+        seconds_per_point=args.seconds_per_point,
+        max_latency_ms=args.max_latency_ms,
+        memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from tidepool.launcher.serve import serve
     from tidepool.launcher.server import ServerConfig
@@ -41,6 +82,63 @@ def _serve(args: argparse.Namespace) -> int:
             rate_limit=args.rate_limit,
         )
     )
+
+
+def _add_serve(commands: Any) -> None:
+    from tidepool.launcher.server import DEFAULT_GRACE_S, ServerConfig
+
+    defaults = ServerConfig()
+    serve = commands.add_parser("serve", help="start tritonserver on a model repository")
+    serve.add_argument(
+        "--model-repository",
+        default=str(defaults.model_repository),
+        metavar="DIR",
+        help="models to serve (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--host",
+        default=defaults.host,
+        help="address to listen on for HTTP, gRPC and metrics (default: "
+        "%(default)s, loopback only; 0.0.0.0 listens on every interface)",
+    )
+    serve.add_argument("--http-port", type=int, default=defaults.http_port)
+    serve.add_argument("--grpc-port", type=int, default=defaults.grpc_port)
+    serve.add_argument("--metrics-port", type=int, default=defaults.metrics_port)
+    serve.add_argument(
+        "--tritonserver",
+        metavar="PATH",
+        help="tritonserver binary (default: $TRITONSERVER, PATH, then the nvidia-pytriton wheel)",
+    )
+    serve.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="BACKEND,K=V",
+        help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432",
+    )
+    serve.add_argument("--log-verbose", type=int, default=defaults.log_verbose)
+    serve.add_argument(
+        "--model-control",
+        choices=["none", "explicit"],
+        default=defaults.model_control,
+        help="explicit: load every model at start and allow reloads with a new config "
+        "(tidepool plan --from-server --apply)",
+    )
+    serve.add_argument(
+        "--rate-limit",
+        choices=["execution_count", "off"],
+        default=defaults.rate_limit,
+        help="Triton's rate limiter; execution_count lets the rate-limiter priorities of an elastic "
+        "plan keep a lone client on one instance (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="on SIGTERM or Ctrl-C, drain for up to this long, then kill (default: %(default)s, "
+        "inside Kubernetes' 30 s default)",
+    )
+    serve.set_defaults(run=_serve)
 
 
 def _install_backend(args: argparse.Namespace) -> int:
@@ -82,6 +180,17 @@ def _infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_infer(commands: Any) -> None:
+    infer = commands.add_parser("infer", help="send one valid random request and print the result")
+    infer.add_argument("model")
+    infer.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    infer.add_argument(
+        "--url", help="server address (default: 127.0.0.1:8000 for HTTP, 127.0.0.1:8001 for gRPC)"
+    )
+    infer.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    infer.set_defaults(run=_infer)
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from tidepool.clients.sweep import (
         Sweep,
@@ -114,6 +223,42 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _add_sweep(commands: Any) -> None:
+    sweep = commands.add_parser(
+        "sweep", help="measure throughput and latency level by level (closed-loop or open-loop)"
+    )
+    sweep.add_argument("model")
+    sweep.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
+    sweep.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    sweep.add_argument(
+        "--concurrency",
+        default="1:32:x2",
+        help="closed-loop levels: START:STOP:xFACTOR, START:STOP:+STEP or 1,4,8 (default: %(default)s)",
+    )
+    sweep.add_argument(
+        "--request-rate",
+        metavar="R1,R2,...",
+        help="open-loop mode: requests per second per level, instead of concurrency",
+    )
+    sweep.add_argument("--batch", type=int, default=1, help="rows per request (default: %(default)s)")
+    sweep.add_argument("--duration-s", type=float, default=10.0, help="length of one measurement window")
+    sweep.add_argument("--warmup-s", type=float, default=2.0)
+    sweep.add_argument(
+        "--max-windows",
+        type=int,
+        default=5,
+        help="windows per level until two agree within 10%% (default: %(default)s)",
+    )
+    sweep.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
+    sweep.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="send inputs and receive outputs through system shared memory",
+    )
+    sweep.add_argument("--out", metavar="results.csv", help="write CSV, and JSON and PNG beside it")
+    sweep.set_defaults(run=_sweep)
 
 
 def _load(args: argparse.Namespace) -> int:
@@ -151,317 +296,7 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def int_list(text: str) -> list[int]:
-    """An argparse type: '1,2,4' -> [1, 2, 4], each at least 1."""
-    try:
-        return positive_ints(text, "a list", example="1,2,4")
-    except TidepoolError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _measure(
-    args: argparse.Namespace,
-    model_dir: Path,
-    precision: str,
-    threads: int | None,
-    trace: Path | None = None,
-    known_output_difference: dict[str, float] | None = None,
-    latency_budget_ms: float | None = None,
-    graph: str = "eager",
-) -> Any:
-    """One profile of the model, as `tidepool profile` and `tidepool plan` take it; planning stops
-    doubling past the latency budget (no larger batch can serve within it) unless told otherwise."""
-    from tidepool.planning.profiler import profile_model
-
-    return profile_model(
-        model_dir,
-        args.batch_sizes,
-        device=args.device,
-        precision=precision,
-        torch_threads=threads,
-        graph=graph,
-        max_latency_ms=args.max_latency_ms or latency_budget_ms,
-        memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
-        max_seconds_per_point=args.seconds_per_point,
-        trace_path=trace,
-        progress=progress_printer,
-        known_output_difference=known_output_difference,
-    )
-
-
-def _profile(args: argparse.Namespace) -> int:
-    from tidepool.planning.report import format_report, write_report
-
-    model_dir = Path(args.model_dir)
-    profile = _measure(
-        args,
-        model_dir,
-        args.precision,
-        args.threads,
-        Path(args.trace) if args.trace else None,
-        graph=args.graph,
-    )
-    print(file=sys.stderr)
-    graph = "" if args.graph == "eager" else f"-{args.graph}"
-    out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}{graph}.json")
-    written = write_report(profile, out)
-    print(format_report(profile))
-    print("wrote " + ", ".join(str(p) for p in written) + (f", {args.trace}" if args.trace else ""))
-    return 0
-
-
-def _plan(args: argparse.Namespace) -> int:
-    from tidepool.planning.candidates import candidates, precisions_to_try, thread_splits, to_verify
-    from tidepool.planning.config_writer import write_plan
-    from tidepool.planning.plan import Budgets, PlanError
-    from tidepool.planning.profile import Profile
-
-    model_dir = Path(args.model_dir)
-    budgets = Budgets(
-        memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
-        latency_ms=args.latency_budget_ms,
-        headroom=args.headroom,
-        cores=args.cores or usable_cores(),
-        bounded_queue=args.bounded_queue,
-        max_output_error=args.max_output_error,
-        elastic_threads=args.elastic_threads,
-    )
-    began = time.perf_counter()
-    if args.from_server and not args.profile:
-        print("no --profile given: profiling now, on the machine that serves "
-              "(pass saved profiles to spare it)", file=sys.stderr)  # fmt: skip
-    if args.profile:
-        profiles = [Profile.read(path) for path in args.profile]
-    else:
-        splits = args.threads_to_try or (
-            thread_splits(budgets.cores) if args.device == "cpu" else [budgets.cores]
-        )
-        from tidepool.planning.profiler import profiles_to_plan
-
-        precisions = precisions_to_try(args.device, args.max_output_error)
-        print(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}", file=sys.stderr)
-        profiles, screens, graph_screen = profiles_to_plan(
-            model_dir, splits, precisions, args.max_output_error,
-            lambda precision, threads, known, graph: _measure(
-                args, model_dir, precision, threads,
-                known_output_difference=known, latency_budget_ms=budgets.latency_ms, graph=graph,
-            ),
-            device=args.device, progress=progress_printer,
-        )  # fmt: skip
-        print(file=sys.stderr)
-        print(f"graph: {graph_screen.reason}")
-        for screen in screens:
-            print(f"{screen.precision}: {screen.reason}" + ("" if screen.kept else "; not profiled"))
-    if args.from_server:
-        return _replan_live(args, model_dir, profiles, budgets)
-    try:
-        ranked, left_out = candidates(profiles, budgets)
-    except PlanError as exc:
-        print(f"tidepool plan: impossible: {exc}. Nothing was written.", file=sys.stderr)
-        return 2
-    for reason in left_out:
-        print(f"left out: {reason}")
-    print(f"candidates for {model_dir.name}, best predicted first:")
-    for plan in ranked:
-        print(f"  {plan.label:<28} predicted {plan.predicted_throughput:.0f} samples/s, "
-              f"lone request {plan.lone_latency_ms:.1f} ms")  # fmt: skip
-    chosen, notes = ranked[0], []
-    if args.verify:
-        from tidepool.planning.verify import verify, write_verification
-
-        top = to_verify(ranked, args.verify_top, budgets)
-        verification = verify(model_dir, top, budgets, args.levels, args.window_s, progress=progress_printer)
-        print(file=sys.stderr)
-        print(verification.table())
-        report_dir = Path(
-            args.report_dir or f"reports/plan-{model_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-        written = write_verification(verification, report_dir, f"{model_dir.name}: verified candidates")
-        print("wrote " + ", ".join(str(p) for p in written))
-        chosen, notes = top[verification.chosen], verification.header_notes()
-    print(f"plan for {model_dir.name} ({chosen.label}), planned in {time.perf_counter() - began:.0f} s:")
-    print(chosen.describe())
-    if args.write:
-        print(f"wrote {write_plan(model_dir, budgets, chosen, notes)}")
-    else:
-        print("(dry run: --write writes config.pbtxt)")
-    return 0
-
-
-FIRST_LOOK_S = 2.0
-
-
-def _replan_live(args: argparse.Namespace, model_dir: Path, profiles: list[Any], budgets: Any) -> int:
-    """`tidepool plan --from-server`: observe, re-plan, and (with --apply) reload; --watch repeats."""
-    from tidepool import parameters as param
-    from tidepool.clients.connection import Connection
-    from tidepool.configfile import read_config
-    from tidepool.planning.candidates import candidates
-    from tidepool.planning.config_writer import write_plan
-    from tidepool.planning.live import (
-        apply,
-        decide,
-        observe,
-        served_config,
-        served_label,
-    )
-
-    model = args.model or model_dir.name
-    base = read_config(model_dir / "config.pbtxt")
-    planned_labels = {plan.label for plan in candidates(profiles, budgets)[0]}
-    reloads = 0
-    with Connection.open("http", args.from_server) as connection:
-        while True:
-            served = served_config(connection, model)
-            generation = param.PLAN_GENERATION.read(param.string_parameters(served))
-            label = served_label(served, budgets.cores)
-            # A config that is none of the plans is replaced after a short first look: telling
-            # light traffic from heavy needs seconds, and every window of it is served badly.
-            window = args.window if label in planned_labels else min(args.window, FIRST_LOOK_S)
-            observation = observe(connection, model, window)
-            decision = decide(label, profiles, budgets, observation)
-            stamp = time.strftime("%H:%M:%S")
-            print(f"[{stamp}] {model}: {observation.describe()}", flush=True)
-            print(
-                f"[{stamp}] {model}: served {label}; planned {decision.plan.label}: {decision.reason}",
-                flush=True,
-            )
-            if decision.change and args.write:
-                write_plan(
-                    model_dir, budgets, decision.plan, [f"Re-planned from the live server: {decision.reason}"]
-                )
-            if decision.change and args.apply:
-                apply(connection, base, decision.plan, model, generation + 1, decision.reason)
-                reloads += 1
-                print(f"[{time.strftime('%H:%M:%S')}] tidepool: {model}: config changed from {label} to "
-                      f"{decision.plan.label} (generation {generation + 1}, reload {reloads})",
-                      flush=True)  # fmt: skip
-            if not args.watch:
-                return 0
-
-
-def _add_profile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--batch-sizes",
-        type=int_list,
-        default=[1, 2, 4, 8, 16, 32],
-        metavar="B1,B2",
-        help="default: 1,2,...,32",
-    )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
-    parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
-    parser.add_argument(
-        "--seconds-per-point",
-        type=float,
-        default=1.5,
-        help="time each batch size for about this long, at least 10 passes (default: %(default)s)",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tidepool",
-        description="Serve PyTorch models on Triton through a reusable memory pool, and measure them.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = commands.add_parser("serve", help="start tritonserver on a model repository")
-    serve.add_argument(
-        "--model-repository",
-        default="model_repository",
-        metavar="DIR",
-        help="models to serve (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on for HTTP, gRPC and metrics (default: "
-        "%(default)s, loopback only; 0.0.0.0 listens on every interface)",
-    )
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument(
-        "--tritonserver",
-        metavar="PATH",
-        help="tritonserver binary (default: $TRITONSERVER, PATH, then the nvidia-pytriton wheel)",
-    )
-    serve.add_argument(
-        "--backend-config",
-        action="append",
-        default=[],
-        metavar="BACKEND,K=V",
-        help="passed to tritonserver, e.g. python,shm-default-byte-size=33554432",
-    )
-    serve.add_argument("--log-verbose", type=int, default=0)
-    serve.add_argument(
-        "--model-control",
-        choices=["none", "explicit"],
-        default="none",
-        help="explicit: load every model at start and allow reloads with a new config "
-        "(tidepool plan --from-server --apply)",
-    )
-    serve.add_argument(
-        "--rate-limit",
-        choices=["execution_count", "off"],
-        default="execution_count",
-        help="Triton's rate limiter; execution_count lets the rate-limiter priorities of an elastic "
-        "plan keep a lone client on one instance (default: %(default)s)",
-    )
-    serve.add_argument(
-        "--grace-s",
-        type=float,
-        default=25.0,
-        help="on SIGTERM or Ctrl-C, drain for up to this long, then kill (default: %(default)s, "
-        "inside Kubernetes' 30 s default)",
-    )
-    serve.set_defaults(run=_serve)
-    _add_install_backend(commands)
-
-    infer = commands.add_parser("infer", help="send one valid random request and print the result")
-    infer.add_argument("model")
-    infer.add_argument("--protocol", choices=["http", "grpc"], default="http")
-    infer.add_argument(
-        "--url", help="server address (default: 127.0.0.1:8000 for HTTP, 127.0.0.1:8001 for gRPC)"
-    )
-    infer.add_argument("--seed", type=int, default=0, help="seed of the random input")
-    infer.set_defaults(run=_infer)
-
-    sweep = commands.add_parser(
-        "sweep", help="measure throughput and latency level by level (closed-loop or open-loop)"
-    )
-    sweep.add_argument("model")
-    sweep.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
-    sweep.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
-    sweep.add_argument(
-        "--concurrency",
-        default="1:32:x2",
-        help="closed-loop levels: START:STOP:xFACTOR, START:STOP:+STEP or 1,4,8 (default: %(default)s)",
-    )
-    sweep.add_argument(
-        "--request-rate",
-        metavar="R1,R2,...",
-        help="open-loop mode: requests per second per level, instead of concurrency",
-    )
-    sweep.add_argument("--batch", type=int, default=1, help="rows per request (default: %(default)s)")
-    sweep.add_argument("--duration-s", type=float, default=10.0, help="length of one measurement window")
-    sweep.add_argument("--warmup-s", type=float, default=2.0)
-    sweep.add_argument(
-        "--max-windows",
-        type=int,
-        default=5,
-        help="windows per level until two agree within 10%% (default: %(default)s)",
-    )
-    sweep.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
-    sweep.add_argument(
-        "--shared-memory",
-        action="store_true",
-        help="send inputs and receive outputs through system shared memory",
-    )
-    sweep.add_argument("--out", metavar="results.csv", help="write CSV, and JSON and PNG beside it")
-    sweep.set_defaults(run=_sweep)
-
+def _add_load(commands: Any) -> None:
     load = commands.add_parser("load", help="a headless Locust load test with CSV and HTML reports")
     load.add_argument("model")
     load.add_argument("--users", type=int, default=32)
@@ -489,9 +324,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.set_defaults(run=_load)
 
+
+def _profile(args: argparse.Namespace) -> int:
+    from tidepool.planning.report import format_report, write_report
+
+    model_dir = Path(args.model_dir)
+    trace = Path(args.trace) if args.trace else None
+    profile = _measuring(args).profile(
+        model_dir, args.precision, args.threads, args.graph, trace=trace, progress=progress_printer
+    )
+    print(file=sys.stderr)
+    graph = "" if args.graph == "eager" else f"-{args.graph}"
+    out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}{graph}.json")
+    written = write_report(profile, out)
+    print(format_report(profile))
+    print("wrote " + ", ".join(str(p) for p in written) + (f", {args.trace}" if args.trace else ""))
+    return 0
+
+
+def _add_profile(commands: Any) -> None:
     profile = commands.add_parser("profile", help="measure memory and latency per batch size")
     profile.add_argument("model_dir", help="a model directory (with config.pbtxt)")
-    _add_profile_options(profile)
+    _add_measuring_options(profile)
     profile.add_argument(
         "--out",
         help="profile JSON (default: profiles/MODEL-DEVICE-PRECISION.json, -frozen added for --graph "
@@ -510,6 +364,54 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, help="torch threads (default: the config's TORCH_NUM_THREADS)"
     )
     profile.set_defaults(run=_profile)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from tidepool.planning.plan import Budgets
+    from tidepool.planning.run import PlanSettings, gather_profiles, plan_model
+
+    began = time.perf_counter()
+    settings = PlanSettings(
+        model_dir=Path(args.model_dir),
+        budgets=Budgets(
+            memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
+            latency_ms=args.latency_budget_ms,
+            headroom=args.headroom,
+            cores=args.cores or usable_cores(),
+            bounded_queue=args.bounded_queue,
+            max_output_error=args.max_output_error,
+            elastic_threads=args.elastic_threads,
+        ),
+        measuring=_measuring(args),
+        saved_profiles=tuple(Path(path) for path in args.profile or ()),
+        threads_to_try=tuple(args.threads_to_try or ()),
+        verify=args.verify,
+        verify_top=args.verify_top,
+        levels=tuple(args.levels),
+        window_s=args.window_s,
+        report_dir=Path(args.report_dir) if args.report_dir else None,
+        write=args.write,
+    )
+    if args.from_server and not args.profile:
+        print("no --profile given: profiling now, on the machine that serves "
+              "(pass saved profiles to spare it)", file=sys.stderr)  # fmt: skip
+    profiles = gather_profiles(settings, say=print, progress=progress_printer)
+    if args.from_server:
+        from tidepool.planning.live import LiveSettings, replan_from_server
+
+        live = LiveSettings(
+            args.from_server, args.model or settings.model_dir.name, args.window, args.apply, args.watch
+        )
+        return replan_from_server(settings, live, profiles, say=lambda text: print(text, flush=True))
+    outcome = plan_model(settings, profiles, say=print, progress=progress_printer, began=began)
+    if outcome.chosen is None:
+        print(f"tidepool plan: impossible: {outcome.impossible}. Nothing was written.", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_plan(commands: Any) -> None:
+    from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S
 
     plan = commands.add_parser("plan", help="choose batcher settings from a profile and budgets")
     plan.add_argument("model_dir")
@@ -544,11 +446,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--levels",
         type=int_list,
-        default=[1, 2, 4, 8, 16],
-        help="closed-loop concurrency levels (default: 1,...,16)",
+        default=list(VERIFY_LEVELS),
+        help=f"closed-loop concurrency levels (default: {','.join(map(str, VERIFY_LEVELS))})",
     )
     plan.add_argument(
-        "--window-s", type=float, default=2.0, help="measurement window per level (default: %(default)s)"
+        "--window-s",
+        type=float,
+        default=VERIFY_WINDOW_S,
+        help="measurement window per level (default: %(default)s)",
     )
     plan.add_argument(
         "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
@@ -581,8 +486,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="also plan CPU instances that share the cores among those busy (ELASTIC_THREADS; "
         "see docs/planning.md; default: on)",
     )
-    _add_profile_options(plan)
+    _add_measuring_options(plan)
     plan.set_defaults(run=_plan)
+
+
+COMMANDS = (
+    _add_serve, _add_install_backend, _add_infer, _add_sweep, _add_load, _add_profile, _add_plan,
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidepool",
+        description="Serve PyTorch models on Triton through a reusable memory pool, and measure them.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(commands)
     return parser
 
 

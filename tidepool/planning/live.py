@@ -18,13 +18,14 @@ from typing import Any
 
 from tidepool import parameters as param
 from tidepool.clients.connection import Connection
-from tidepool.configfile import ModelConfig, as_dict
+from tidepool.configfile import ModelConfig, as_dict, read_config
 from tidepool.errors import TidepoolError
 from tidepool.planning.candidates import candidates
 from tidepool.planning.choose import capacity
-from tidepool.planning.config_writer import planned_config
+from tidepool.planning.config_writer import planned_config, write_plan
 from tidepool.planning.plan import Budgets, Plan, config_label, served_threads
 from tidepool.planning.profile import Profile
+from tidepool.planning.run import PlanSettings
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...
 SCALE_UP_AT = 0.75
@@ -285,3 +286,53 @@ def served_config(connection: Connection, model: str) -> dict[str, Any]:
     except Exception as exc:
         raise LiveError(f"cannot read the config of {model}: {exc}") from None
     return config
+
+
+# A served config that is none of the plans is replaced after a short first look: telling light
+# traffic from heavy needs seconds, and every window of it is served badly.
+FIRST_LOOK_S = 2.0
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """`tidepool plan --from-server`: the server (HOST:PORT of its HTTP endpoint), the model's name
+    there, the window of traffic per observation, and what to do with a changed plan."""
+
+    server: str
+    model: str
+    window_s: float = 60.0
+    apply: bool = False  # load it into the server (explicit model control)
+    watch: bool = False  # observe and re-plan every window until stopped
+
+
+def replan_from_server(
+    settings: PlanSettings, live: LiveSettings, profiles: list[Profile], say: Callable[[str], None]
+) -> int:
+    """Observe, re-plan, write (where settings.write) and apply (where live.apply) a changed plan;
+    once, or every window with live.watch."""
+    model, model_dir, budgets = live.model, settings.model_dir, settings.budgets
+    base = read_config(model_dir / "config.pbtxt")
+    planned_labels = {plan.label for plan in candidates(profiles, budgets)[0]}
+    reloads = 0
+    with Connection.open("http", live.server) as connection:
+        while True:
+            served = served_config(connection, model)
+            generation = param.PLAN_GENERATION.read(param.string_parameters(served))
+            label = served_label(served, budgets.cores)
+            window = live.window_s if label in planned_labels else min(live.window_s, FIRST_LOOK_S)
+            observation = observe(connection, model, window)
+            decision = decide(label, profiles, budgets, observation)
+            stamp = time.strftime("%H:%M:%S")
+            say(f"[{stamp}] {model}: {observation.describe()}")
+            say(f"[{stamp}] {model}: served {label}; planned {decision.plan.label}: {decision.reason}")
+            if decision.change and settings.write:
+                write_plan(
+                    model_dir, budgets, decision.plan, [f"Re-planned from the live server: {decision.reason}"]
+                )
+            if decision.change and live.apply:
+                apply(connection, base, decision.plan, model, generation + 1, decision.reason)
+                reloads += 1
+                say(f"[{time.strftime('%H:%M:%S')}] tidepool: {model}: config changed from {label} to "
+                    f"{decision.plan.label} (generation {generation + 1}, reload {reloads})")  # fmt: skip
+            if not live.watch:
+                return 0

@@ -11,6 +11,9 @@ from tidepool.machine import usable_cores
 from tidepool.planning.profile import Profile
 
 MIB = 2**20
+# What `tidepool plan --verify` serves each candidate at: closed-loop levels, seconds per window.
+VERIFY_LEVELS = (1, 2, 4, 8, 16)
+VERIFY_WINDOW_S = 2.0
 
 
 class PlanError(TidepoolError, ValueError):

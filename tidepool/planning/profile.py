@@ -12,6 +12,10 @@ import numpy as np
 
 from tidepool.errors import TidepoolError
 
+# What `tidepool profile` measures unless told otherwise: these batch sizes, each for about this long.
+PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+SECONDS_PER_POINT = 1.5
+
 
 class ProfileFileError(TidepoolError):
     """A profile file that cannot be read back."""

@@ -17,7 +17,13 @@ from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import describe_machine
 from tidepool.planning.memory_tracker import TensorMemoryTracker
-from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
+from tidepool.planning.profile import (
+    PROFILE_BATCH_SIZES,
+    SECONDS_PER_POINT,
+    BatchPoint,
+    Profile,
+    max_abs_difference,
+)
 from tidepool.runtime.graph import GraphError, weight_tensors
 from tidepool.runtime.instance import ModelInstance, Result
 
@@ -296,7 +302,7 @@ def screen_graph(
 
 def profile_model(
     model_dir: Path | str,
-    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    batch_sizes: Sequence[int] = PROFILE_BATCH_SIZES,
     device: str = "cpu",
     precision: str = "fp32",
     torch_threads: int | None = None,
@@ -304,7 +310,7 @@ def profile_model(
     max_latency_ms: float | None = None,
     memory_limit_bytes: int | None = None,
     min_iterations: int = 10,
-    max_seconds_per_point: float = 1.5,
+    max_seconds_per_point: float = SECONDS_PER_POINT,
     trace_path: Path | None = None,
     progress: Callable[[str], None] = lambda text: None,
     known_output_difference: dict[str, float] | None = None,

@@ -18,9 +18,8 @@ from tidepool.configfile import copy_model, read_config
 from tidepool.errors import TidepoolError
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.config_writer import planned_config
-from tidepool.planning.plan import Budgets, Plan
+from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan
 
-DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 # Two windows per candidate and level, as benchmarks/plan_vs_grid.py measures each config of its
 # grid; a third, taken where the two disagreed by over 10%, cost up to 30 s of a 158 s plan.
 VERIFY_MAX_WINDOWS = 2
@@ -126,8 +125,8 @@ def verify(
     model_dir: Path,
     candidates: Sequence[Plan],
     budgets: Budgets,
-    levels: Sequence[int] = DEFAULT_LEVELS,
-    window_s: float = 2.0,
+    levels: Sequence[int] = VERIFY_LEVELS,
+    window_s: float = VERIFY_WINDOW_S,
     progress: Callable[[str], None] = lambda text: None,
 ) -> Verification:
     began = time.perf_counter()
