@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from tidepool.planning import profiler
+from tidepool.planning import profiler, screens
 from tidepool.planning.profile import Profile
-from tidepool.planning.profiler import (
+from tidepool.planning.screens import (
     GraphScreen,
     PrecisionScreen,
     profiles_to_plan,
@@ -31,15 +31,15 @@ def test_a_precision_within_the_budget_is_timed_against_fp32():
         ENCODER, "cpu", "int8", max_output_error=1.0, batch=2, torch_threads=1, seconds=0.6
     )
     assert 0 < screen.output_error <= 1.0 and screen.speedup > 0
-    assert screen.kept == (screen.speedup >= profiler.SPEEDUP_TO_KEEP)
+    assert screen.kept == (screen.speedup >= screens.SPEEDUP_TO_KEEP)
     assert f"{screen.speedup:.2f}x its speed at batch 2" in screen.reason
 
 
 def test_a_frozen_graph_with_the_same_outputs_is_kept_only_where_it_is_faster():
     screen = screen_graph(ENCODER, "cpu", max_output_error=0.0, torch_threads=1, seconds=0.6)
     assert screen.error == 0.0 and min(screen.speedups) > 0  # the encoder freezes bit for bit
-    faster = screen.speedups[0] >= profiler.GRAPH_SPEEDUP_TO_KEEP
-    not_slower = screen.speedups[1] >= 1 / profiler.GRAPH_SPEEDUP_TO_KEEP
+    faster = screen.speedups[0] >= screens.GRAPH_SPEEDUP_TO_KEEP
+    not_slower = screen.speedups[1] >= 1 / screens.GRAPH_SPEEDUP_TO_KEEP
     assert screen.graph == ("frozen" if faster and not_slower else "eager")
     assert screen.reason.startswith(screen.graph) and "for a lone request" in screen.reason
 
@@ -62,11 +62,11 @@ def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkey
         measured.append((precision, threads, known, graph))
         return Profile("m", "cpu", precision, threads, 0, [])
 
-    monkeypatch.setattr(profiler, "screen_precision", screen)
-    monkeypatch.setattr(profiler, "screen_graph", screen_graph)
-    profiles, screens, graph = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], 0.01, measure)
+    monkeypatch.setattr(screens, "screen_precision", screen)
+    monkeypatch.setattr(screens, "screen_graph", screen_graph)
+    profiles, verdicts, graph = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], 0.01, measure)
     assert screened == [("graph", 2), ("bf16", 2), ("int8", 2)]  # at the first split only
-    assert [s.precision for s in screens] == ["bf16", "int8"] and graph.graph == "frozen"
+    assert [s.precision for s in verdicts] == ["bf16", "int8"] and graph.graph == "frozen"
     known = {"Y_max_abs": 0.004}
     # The frozen graph is profiled for fp32; a lower precision runs eager.
     assert measured == [
@@ -92,7 +92,8 @@ def test_an_int8_screen_leaves_the_fp32_profiles_after_it_as_they_serve():
     screen_precision(ENCODER, "cpu", "int8", max_output_error=0.0, batch=2, torch_threads=1)
     assert torch.backends.mha.get_fastpath_enabled()
     frozen, eager = (
-        profiler._instance(ENCODER, (1, 2), "cpu", "fp32", 1, graph=graph) for graph in ("frozen", "eager")
+        profiler.profiling_instance(ENCODER, (1, 2), "cpu", "fp32", 1, graph=graph)
+        for graph in ("frozen", "eager")
     )
     try:
         operators = {node.kind() for node in frozen.module.graph.nodes()}

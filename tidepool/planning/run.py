@@ -84,10 +84,10 @@ class PlanSettings:
 
 def gather_profiles(settings: PlanSettings, say: Say = _silent, progress: Say = _silent) -> list[Profile]:
     """The saved profiles, or new ones: fp32 at every split of the cores, and each lower precision
-    and the frozen graph where their screens keep them (profiler.profiles_to_plan)."""
+    and the frozen graph where their screens keep them (screens.profiles_to_plan)."""
     if settings.saved_profiles:
         return [Profile.read(path) for path in settings.saved_profiles]
-    from tidepool.planning.profiler import profiles_to_plan
+    from tidepool.planning.screens import profiles_to_plan
 
     budgets, measuring, model_dir = settings.budgets, settings.measuring, settings.model_dir
     splits = list(settings.threads_to_try) or (

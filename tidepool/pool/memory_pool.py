@@ -23,7 +23,9 @@ from tidepool.pool.arena import (
 )
 from tidepool.pool.block import Block
 from tidepool.pool.errors import OutOfMemory, PoolError
+from tidepool.pool.resources import make_resource
 from tidepool.pool.resources.base import MemoryResource
+from tidepool.pool.scope import ExecutionScope, ThreadState
 from tidepool.pool.slab import Slab
 from tidepool.pool.stats import PoolStats
 
@@ -31,88 +33,6 @@ DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
 WORKING_SET_HEADROOM = 1.25
 
 FreeKey = Any  # a capacity, or (stream, capacity) where blocks are reused per stream
-
-
-class ExecutionScope:
-    """The blocks of one execution, and its peak. Blocks allocated on the scope's thread while it
-    collects join it; `release()` gives back every one still live. A scope can stop collecting
-    before it releases, so what an execution returns outlives the work that made it."""
-
-    def __init__(self, pool: MemoryPool, outer: ExecutionScope | None) -> None:
-        self.pool = pool
-        self.outer = outer  # the scope collecting before this one began, restored when it stops
-        self.blocks: list[Block] = []
-        self.live_bytes = 0
-        self.peak_bytes = 0
-        self.collecting = True
-        self.done = False
-
-    def add(self, block: Block) -> None:
-        block.scope = self
-        self.blocks.append(block)
-        self.live_bytes += block.capacity
-        if self.live_bytes > self.peak_bytes:
-            self.peak_bytes = self.live_bytes
-
-    def released(self, block: Block) -> None:
-        self.live_bytes -= block.capacity
-
-    def mark(self) -> int:
-        """A point to go back to with `release_from` (e.g. before an attempt that may fail)."""
-        return len(self.blocks)
-
-    def release_from(self, mark: int) -> None:
-        """Give back the blocks allocated since `mark`; the earlier ones stay."""
-        for block in self.blocks[mark:]:
-            if not block.freed:
-                block.free()
-        del self.blocks[mark:]
-
-    def stop_collecting(self) -> None:
-        if self.collecting:
-            self.collecting = False
-            self.pool._end_collecting(self)
-
-    def release(self) -> None:
-        """Give back every block still live (once; later calls do nothing)."""
-        if self.done:
-            return
-        self.stop_collecting()
-        self.release_from(0)
-        self.done = True
-        self.pool._end_execution(self)
-
-
-class _ThreadState(threading.local):
-    scope: ExecutionScope | None = None  # a class default: reading it never misses (a miss is slow)
-
-
-def _make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[MemoryResource, str]:
-    from tidepool.pool.resources.driver import cuda_status
-    from tidepool.pool.resources.host import HostResource
-
-    if kind == "auto":
-        available, reason = cuda_status(device)
-        kind = "cuda" if available else "host"
-        if not available:
-            return HostResource(), f"auto: host memory, because {reason}"
-        reason = f"auto: CUDA device {device} ({reason})"
-    else:
-        reason = f"asked for {kind}"
-    if kind == "host":
-        return HostResource(), reason
-    if kind == "pinned":
-        from tidepool.pool.resources.pinned import PinnedResource
-
-        return PinnedResource(device), reason
-    if kind == "cuda":
-        from tidepool.pool.resources.cuda import CudaResource
-
-        resource = CudaResource(device, limit_bytes)
-        if limit_bytes and not resource.capped_by_driver:
-            reason += "; this driver ignores a CUDA pool's maxSize (before 12.2): the pool's limit caps it"
-        return resource, reason
-    raise PoolError(f"kind must be auto, host, pinned or cuda, got {kind!r}")
 
 
 class MemoryPool:
@@ -137,7 +57,7 @@ class MemoryPool:
         if not 0.0 <= fragmentation_threshold <= 1.0:
             raise PoolError(f"fragmentation_threshold must be in [0, 1], got {fragmentation_threshold}")
         if resource is None:
-            resource, self.kind_reason = _make_resource(kind, device, limit_bytes)
+            resource, self.kind_reason = make_resource(kind, device, limit_bytes)
         else:
             self.kind_reason = f"given resource {type(resource).__name__}"
         self.resource = resource
@@ -151,7 +71,7 @@ class MemoryPool:
         self._per_stream = self.kind in ("cuda", "pinned")
 
         self._lock = threading.Lock()
-        self._local = _ThreadState()
+        self._local = ThreadState()
         self._arenas: list[Arena] = []
         self._free: dict[FreeKey, list[Location]] = {}  # size class (per stream) -> free locations
         self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size

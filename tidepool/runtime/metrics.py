@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tidepool.pool import MemoryPool, PoolStats
@@ -32,10 +33,35 @@ COUNTERS = {
 
 PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
 PLAN_GENERATION = "tidepool_plan_generation"
+BATCH_SIZE = "tidepool_batch_size"
 # Elastic threads only (runtime/cores.py): how the cores were shared, pass by pass.
 ELASTIC_THREADS = "tidepool_elastic_threads"
 ELASTIC_WAIT = "tidepool_elastic_wait_us_total"
 THREAD_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family besides the pool's gauges and counters (GAUGES, COUNTERS)."""
+
+    name: str
+    kind: str  # GAUGE, COUNTER or HISTOGRAM, as pb_utils.MetricFamily names them
+    description: str
+    buckets: tuple[int, ...] = ()  # a histogram's
+    elastic_only: bool = False  # created only for instances with elastic threads
+
+
+FAMILIES = (
+    Family(BATCH_SIZE, "HISTOGRAM", "Rows of the batches execute ran through the model",
+           tuple(BATCH_SIZE_BUCKETS)),
+    Family(PAGE_FAULTS, "COUNTER", "Minor page faults during execute: memory the instance touched afresh"),
+    Family(PLAN_GENERATION, "GAUGE",
+           "Which config the instance serves: 0 as written, N after the N-th live re-plan"),
+    Family(ELASTIC_THREADS, "HISTOGRAM", "Torch threads of each forward pass of an elastic instance",
+           tuple(THREAD_BUCKETS), elastic_only=True),
+    Family(ELASTIC_WAIT, "COUNTER",
+           "Microseconds forward passes of an elastic instance waited for a free core", elastic_only=True),
+)  # fmt: skip
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
 ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
@@ -67,11 +93,6 @@ class InstanceMetrics:
             for kind, table in ((family.GAUGE, GAUGES), (family.COUNTER, COUNTERS))
             for name, (_, text) in table.items()
         }
-        self.families["tidepool_batch_size"] = family(
-            name="tidepool_batch_size",
-            description="Rows of the batches execute ran through the model",
-            kind=family.HISTOGRAM,
-        )
         self.gauges = {
             field: self.families[name].Metric(labels=labels) for name, (field, _) in GAUGES.items()
         }
@@ -80,38 +101,19 @@ class InstanceMetrics:
         }
         self.counted = dict.fromkeys(self.counters, 0)
         self.last: dict[str, float] = {}
-        self.batch_size = self.families["tidepool_batch_size"].Metric(
-            labels=labels, buckets=BATCH_SIZE_BUCKETS
-        )
-        self.families[PAGE_FAULTS] = family(
-            name=PAGE_FAULTS,
-            description="Minor page faults during execute: memory the instance touched afresh",
-            kind=family.COUNTER,
-        )
-        self.page_faults = self.families[PAGE_FAULTS].Metric(labels=labels)
-        self.families[PLAN_GENERATION] = family(
-            name=PLAN_GENERATION,
-            description="Which config the instance serves: 0 as written, N after the N-th live re-plan",
-            kind=family.GAUGE,
-        )
-        self.plan_generation = self.families[PLAN_GENERATION].Metric(labels=labels)
-        self.elastic_threads: Any = None
-        self.elastic_wait_us: Any = None
-        if elastic:
-            self.families[ELASTIC_THREADS] = family(
-                name=ELASTIC_THREADS,
-                description="Torch threads of each forward pass of an elastic instance",
-                kind=family.HISTOGRAM,
-            )
-            self.elastic_threads = self.families[ELASTIC_THREADS].Metric(
-                labels=labels, buckets=THREAD_BUCKETS
-            )
-            self.families[ELASTIC_WAIT] = family(
-                name=ELASTIC_WAIT,
-                description="Microseconds forward passes of an elastic instance waited for a free core",
-                kind=family.COUNTER,
-            )
-            self.elastic_wait_us = self.families[ELASTIC_WAIT].Metric(labels=labels)
+        others: dict[str, Any] = {}
+        for spec in FAMILIES:
+            if spec.elastic_only and not elastic:
+                continue
+            made = family(name=spec.name, description=spec.description, kind=getattr(family, spec.kind))
+            self.families[spec.name] = made
+            buckets = {"buckets": list(spec.buckets)} if spec.buckets else {}
+            others[spec.name] = made.Metric(labels=labels, **buckets)
+        self.batch_size = others[BATCH_SIZE]
+        self.page_faults = others[PAGE_FAULTS]
+        self.plan_generation = others[PLAN_GENERATION]
+        self.elastic_threads: Any = others.get(ELASTIC_THREADS)
+        self.elastic_wait_us: Any = others.get(ELASTIC_WAIT)
         self.walked_at = -FRAGMENTATION_INTERVAL_S
 
     def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
