@@ -30,16 +30,33 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._device is not None:  # as the real one: GPU memory has no numpy view
+            raise TritonModelException("Tensor is stored in GPU memory and cannot be converted to NumPy")
         return self._array
 
     def is_cpu(self) -> bool:
-        return True
+        return self._device is None
+
+    _device: Any = None  # the torch device of a GPU tensor made by from_dlpack (fake-only)
 
     @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
+    def from_dlpack(name: str, tensor: Any) -> Tensor:
+        """A DLPack capsule, or an object with __dlpack__ and __dlpack_device__ (the real one asks
+        for it on its own stream)."""
         import torch.utils.dlpack
 
-        return Tensor(name, torch.utils.dlpack.from_dlpack(capsule).cpu().numpy())
+        if not hasattr(tensor, "__dlpack__") and type(tensor).__name__ != "PyCapsule":
+            raise TritonModelException(
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                "`__dlpack__` and `__dlpack_device__` attributes"
+            )
+        value = torch.utils.dlpack.from_dlpack(tensor)
+        made = Tensor(name, value.cpu().numpy())
+        made._device = None if value.device.type == "cpu" else value.device
+        return made
+
+    def to_dlpack(self) -> Any:
+        return self._array.__dlpack__()
 
 
 class TritonError:
@@ -57,7 +74,24 @@ class TritonError:
 
 
 class InferenceRequest:
-    def __init__(self, inputs: list[Tensor], request_id: str = "", model_name: str = "") -> None:
+    """The real constructor's arguments, in its order (pybind11: each also by keyword); inputs,
+    requested_output_names and model_name are required and may not be None."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: list[Tensor] | None = None,
+        requested_output_names: list[str] | None = None,
+        model_name: str | None = None,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+    ) -> None:
+        if inputs is None or requested_output_names is None or model_name is None:
+            raise TypeError("__init__(): incompatible constructor arguments")
+        if not isinstance(request_id, str) or not isinstance(model_name, str):
+            raise TypeError("__init__(): incompatible constructor arguments")
         self._inputs = inputs
         self._request_id = request_id
 
@@ -127,6 +161,15 @@ class MetricFamily:
         state.families[name] = self
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
+        # As the real stub (python_backend r24.10, metric_family.cc) refuses them.
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None and not isinstance(buckets, list):
+            raise TritonModelException("Failed to create metric. Buckets must be a list.")
+        if buckets is not None and self.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+        if buckets is None and self.kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
         metric = Metric(self, labels or {}, buckets)
         self.metrics.append(metric)
         return metric

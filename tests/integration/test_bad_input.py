@@ -20,6 +20,7 @@ def test_a_bad_request_gets_a_clear_error_and_nothing_is_lost(server, connection
     spec = connection.model_spec(model)
     connection.infer(model, random_inputs(spec), spec)  # the pool now holds one good execution's blocks
     held = pool_in_use(server, model)
+    assert held > 0, "the good request's blocks should show in the pool's metrics"
     error = case.send(connection, model)
     details = {"input": MODELS[model][0], "sent_shape": sent_wrong_shape(connection, model)}
     for expected in case.expect:

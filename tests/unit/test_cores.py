@@ -148,12 +148,20 @@ def test_an_instance_taking_batches_back_to_back_is_held_for_twice_its_gap(tmp_p
 
 def test_a_pass_that_finds_every_core_taken_waits_for_them(tmp_path, clock, monkeypatch):
     monkeypatch.setattr(cores, "MAX_WAIT_S", 30.0)
+    polling = threading.Event()
+    real_sleep = time.sleep
+
+    def poll(seconds: float) -> None:  # the wait's poll: proof that the start is waiting
+        polling.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(cores.time, "sleep", poll)
     first, second = join(tmp_path), join(tmp_path)
     assert first.start() == 2  # took both cores while alone
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(second.start)
-        time.sleep(0.05)
-        assert not waiting.done()  # no core is free
+        assert polling.wait(timeout=10)  # it started, found no core free, and polls
+        assert not waiting.done()
         first.stop()
         assert waiting.result(timeout=5) == 1  # the first may come back within the hold: its share
     monkeypatch.setattr(cores, "MAX_WAIT_S", 0.0)

@@ -195,3 +195,13 @@ print(json.dumps({{"variable": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     assert report["variable"] is None
     [line] = [line for line in report["log"] if "tidepool tokens_0" in line]
     assert "CUDA allocator not initialised (torch's native caching allocator)" in line
+
+
+def test_a_device_block_freed_on_one_stream_is_not_handed_to_another(fake_driver):
+    fake_driver()
+    with MemoryPool("cuda", limit_bytes=256 * MiB) as pool:
+        first = pool.allocate(1 * MiB, stream=7)
+        first.free()
+        assert pool.allocate(1 * MiB, stream=7).ptr == first.ptr  # same stream: reused at once
+        other = pool.allocate(1 * MiB, stream=9)
+        assert other.ptr != first.ptr  # another stream: its work may still be queued on the first

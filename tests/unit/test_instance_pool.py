@@ -202,3 +202,30 @@ def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path, 
     touch_fresh_memory_in_forward(off)
     off.warm_up()  # without a kept heap, repeating would change nothing
     assert set(off.warmup_rounds.values()) == {1}
+
+
+def test_the_device_running_out_splits_the_batch_then_fails_only_what_cannot_fit(tmp_path, monkeypatch):
+    """torch's own OutOfMemoryError (the device's memory, not the pool's limit): a batch is run
+    again as halves; a request that alone still does not fit gets UNAVAILABLE (it may fit later);
+    the others are served and the pool keeps nothing of the failed attempts."""
+    import torch
+
+    instance = ModelInstance.load(config_with(), tiny_model_dir(tmp_path))
+    instance.release()
+    forward = instance.forward
+
+    def forward_on_a_full_device(batch, rows, allocate):
+        if rows is not None and rows > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return forward(batch, rows, allocate)
+
+    monkeypatch.setattr(instance, "forward", forward_on_a_full_device)
+    execution = instance.execute([tokens(1, 2.0), tokens(2, 3.0), tokens(3, 4.0)])
+    served, halves, alone = execution.results
+    np.testing.assert_allclose(served["OUT"], tokens(1)["IDS"] * 2.0)
+    np.testing.assert_allclose(halves["OUT"], tokens(2)["IDS"] * 3.0)
+    assert alone.code == "UNAVAILABLE" and "the device ran out of memory for this request" in str(alone)
+    assert execution.batches == [1, 2]  # 6 rows failed, then 1 + 2 ran; 3 alone failed again
+    instance.release()
+    del execution, served, halves, alone
+    assert instance.pool.stats().allocated_bytes == 0

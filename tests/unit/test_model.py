@@ -35,10 +35,12 @@ def model(pb_utils, tmp_path):
 def request(pb_utils, ids: np.ndarray, scale: float):
     rows = ids.shape[0]
     return pb_utils.InferenceRequest(
-        [
+        requested_output_names=["OUT"],
+        model_name="tokens",
+        inputs=[
             pb_utils.Tensor("IDS", ids.astype(np.int32)),
             pb_utils.Tensor("SCALE", np.full((rows, 1), scale, dtype=np.float32)),
-        ]
+        ],
     )
 
 

@@ -179,6 +179,6 @@ CASES = [
     BadCase("NaN / negative id", ("{input}",), nan_value),
     BadCase("empty batch", ("{input}",), empty_batch),
     BadCase("truncated binary payload", ("{input}",), truncated_payload),
-    BadCase("malformed body", (), malformed_body),
+    BadCase("malformed body", ("parse",), malformed_body),  # HTTP: failed to parse; gRPC: unable to
     BadCase("far larger than any input", ("{input}",), far_too_large),
 ]
