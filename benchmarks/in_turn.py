@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.spec import positive_ints
 
 Results = dict[str, dict[int, list[LevelResult]]]  # label -> level -> one result per round
 
@@ -126,25 +124,6 @@ def serve_in_turn(
             http.client.load_model(variant.model)
             targets[label] = Target(config.grpc_url, variant.model)
         return in_turn(targets, levels, rounds, window_s)
-
-
-def serve_copies(
-    args: argparse.Namespace, build: Callable[[Path], dict[str, Variant]]
-) -> tuple[list[int], dict[str, Variant], Results]:
-    """The run the side-by-side benchmarks share: `build` copies its variants into a scratch
-    repository, and they are served in turn at --levels for --rounds (add_in_turn_arguments).
-    Returns the levels, the variants (label -> variant, in order) and the results."""
-    levels = positive_ints(args.levels, "--levels")
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp)
-        variants = build(repository)
-        results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
-    return levels, variants, results
-
-
-def p99_and_batch(results: Sequence[LevelResult]) -> str:
-    """The median p99 and batch formed of repeated results, for a table row."""
-    return f"p99 {median_of(results, 'p99_ms'):5.0f}  batch {median_of(results, 'avg_batch'):4.2f}"
 
 
 def throughputs(results: Sequence[LevelResult]) -> list[float]:

@@ -77,7 +77,7 @@ class ServerConfig:
     # decides which idle instance takes a batch, which keeps a lone client of an elastic plan on one
     # warm instance (docs/planning.md); configs without priorities serve as with "off" (Triton's
     # own default): encoder on 2 cores, 1x2 and an elastic pair within the run-to-run noise of
-    # each other with and without it, at concurrency 1-16 (benchmarks/instance_priority.py).
+    # each other with and without it, at concurrency 1-16 (measured 2026-12-04, commit 7bfea82).
     rate_limit: str = "execution_count"
     # A backend directory laid out by `tidepool install-backend`; None: the launcher lays out its own.
     backend_directory: Path | None = None
