@@ -19,10 +19,11 @@ def test_a_short_sweep_returns_sane_figures(server):
     low, high = Sweep(settings).run()
     for level in (low, high):
         assert level.errors == 0 and level.throughput > 0 and level.requests > 0
-        assert level.p50_ms <= level.p99_ms
-        assert level.compute_infer_us > 0
+        assert level.p50_ms > 0 and level.compute_infer_us > 0
+    # Behaviour, not speed (speed is for benchmarks): a lone client is never batched, and eight
+    # clients on two instances of max_batch_size 2 queue behind them and are.
+    assert low.avg_batch == 1.0
     assert high.avg_batch > 1.0, "the dynamic batcher formed no batch at concurrency 8"
-    assert high.throughput > low.throughput
 
 
 def test_an_open_loop_sweep_sends_on_its_schedule_whatever_the_answers(server):

@@ -144,8 +144,15 @@ def test_the_pool_arenas_are_walked_for_metrics_at_most_once_per_interval(pb_uti
     largest = pool._largest_free_block
     monkeypatch.setattr(pool, "_largest_free_block", lambda: walks.append(1) or largest())
     monkeypatch.setattr(pool, "_maintain", lambda: None)  # the pool's own housekeeping walks too
-    for _ in range(20):
+    from tidepool.runtime import metrics
+
+    now = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
+    for _ in range(20):  # inside one FRAGMENTATION_INTERVAL_S
         model.execute([request(pb_utils, np.zeros((1, 6)), 1.0)])
-    assert len(walks) <= 1  # 20 executions, well inside one FRAGMENTATION_INTERVAL_S
+    assert len(walks) == 1
+    now[0] += metrics.FRAGMENTATION_INTERVAL_S
+    model.execute([request(pb_utils, np.zeros((1, 6)), 1.0)])
+    assert len(walks) == 2  # the next interval: walked again
     allocated = pb_utils.state.families["tidepool_pool_allocated_bytes"].metrics[0].value()
     assert allocated == pool.stats().allocated_bytes > 0  # counters are current after every execution
