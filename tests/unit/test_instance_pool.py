@@ -229,3 +229,50 @@ def test_the_device_running_out_splits_the_batch_then_fails_only_what_cannot_fit
     instance.release()
     del execution, served, halves, alone
     assert instance.pool.stats().allocated_bytes == 0
+
+
+def model_dir_with(tmp_path, source: str):
+    """A model directory whose factory builds the module `source` defines as `Model`."""
+    model_dir = tiny_model_dir(tmp_path)
+    (model_dir / "odd.py").write_text("import torch\n" + source + "\ndef build():\n    return Model()\n")
+    return model_dir
+
+
+def test_outputs_that_do_not_match_the_config_fail_the_load_with_the_reason(tmp_path):
+    from tidepool.runtime.loader import ModelLoadError
+
+    forward = "class Model(torch.nn.Module):\n    def forward(self, ids, scale):\n        return "
+    cases = {
+        "{'OTHER': ids.float()}": "the model's output dict lacks OUT",
+        "ids.float(), scale": "the model returned 2 outputs, the config declares 1 (OUT)",
+        "ids.float()[:, :3]": "output OUT has shape [1, 3], the config declares [1, 6]",
+    }
+    for index, (returned, message) in enumerate(cases.items()):
+        model_dir = model_dir_with(tmp_path / str(index), forward + returned + "\n")
+        with pytest.raises(ModelLoadError) as caught:
+            ModelInstance.load(config_with(MODEL_FACTORY="odd:build"), model_dir)
+        assert "warm-up at batch size 1 failed: the model failed: ModelOutputError" in str(caught.value)
+        assert message in str(caught.value)
+
+
+def test_bf16_runs_in_bf16_and_answers_in_the_configs_float32(tmp_path):
+    instance = ModelInstance.load(config_with(PRECISION="bf16"), tiny_model_dir(tmp_path))
+    assert instance.compute_dtype is not None and str(instance.compute_dtype) == "torch.bfloat16"
+    with instance.execute([tokens(2, 0.5)]) as execution:
+        [result] = execution.results
+        assert result["OUT"].dtype == np.float32  # as the config declares, whatever ran inside
+        np.testing.assert_allclose(result["OUT"], tokens(2)["IDS"] * 0.5, rtol=1e-2)
+
+
+def test_the_pool_reserves_its_initial_bytes_at_load_and_reset_peak_starts_the_peaks_afresh(tmp_path):
+    instance = ModelInstance.load(config_with(POOL_INITIAL_BYTES="8MiB"), tiny_model_dir(tmp_path))
+    stats = instance.pool.stats()
+    assert stats.reserved_bytes >= 8 * 2**20 and stats.upstream_allocs >= 1
+    instance.execute([tokens(4), tokens(4)])
+    instance.release()
+    peak = instance.pool.stats().peak_allocated_bytes
+    assert peak > 0
+    instance.pool.reset_peak()
+    assert instance.pool.stats().peak_allocated_bytes == 0  # nothing is in use right now
+    instance.execute([tokens(1)])
+    assert 0 < instance.pool.stats().peak_allocated_bytes < peak

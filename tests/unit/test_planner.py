@@ -328,3 +328,35 @@ def test_verification_picks_the_most_levels_in_budget_then_the_best_worst_level(
         choose(plans, measured({1: [(100, 20), (99, 30), (50, 20)], 2: [(100, 40), (100, 30), (99, 40)]}))
         == 0
     )
+
+
+def test_a_size_is_preferred_only_where_it_is_clearly_faster_than_the_next_larger():
+    from tidepool.planning.choose import PREFERRED_MARGIN, choose_preferred_sizes
+
+    points = recorded("encoder").points[:3]
+    for point, throughput in zip(points, (100.0, 100.0 / PREFERRED_MARGIN, 50.0), strict=True):
+        point.throughput = throughput
+    sizes, reason = choose_preferred_sizes(points)
+    # The first is exactly PREFERRED_MARGIN faster than the second (preferred), the second twice
+    # as fast as the third (preferred); the last has no larger size to beat.
+    assert sizes == [points[0].batch, points[1].batch] and "faster than the next larger" in reason
+    points[0].throughput = 100.0 / PREFERRED_MARGIN * 1.0999
+    assert choose_preferred_sizes(points)[0] == [points[1].batch]
+
+
+def test_thread_splits_and_precisions_to_try():
+    from tidepool.planning.candidates import precisions_to_try, thread_splits
+
+    assert thread_splits(2) == [2, 1] and thread_splits(6) == [6, 3, 2, 1] and thread_splits(1) == [1]
+    assert precisions_to_try("cpu", 0.0) == ["fp32"]  # numerics never change unless asked
+    assert precisions_to_try("cpu", 0.01) == ["fp32", "bf16", "int8"]
+    assert precisions_to_try("cuda", 0.01) == ["fp32", "bf16", "fp16"]
+
+
+def test_a_gpu_plan_takes_two_instances_where_memory_allows_and_one_where_it_does_not():
+    profile = replace(recorded("encoder"), device="cuda")
+    roomy = plan(profile, Budgets(memory_bytes=8192 * MiB, latency_ms=100, cores=2))
+    assert roomy.instance_count == 2 and "2 per GPU" in roomy.reasons["instance_count"]
+    per_instance = profile.predict_bytes(roomy.max_batch_size)
+    tight = plan(profile, Budgets(memory_bytes=int(per_instance * 1.5 / 0.8), latency_ms=100, cores=2))
+    assert tight.instance_count == 1 and "1 instances of" in tight.reasons["instance_count"]

@@ -93,3 +93,43 @@ def test_serve_names_a_config_planned_on_another_machine(tmp_path):
     (tmp_path / "unplanned" / "config.pbtxt").write_text("name: 'unplanned'\n")
     [warning] = planned_elsewhere(tmp_path)
     assert "there's config was planned on 64 cores, Some Other CPU" in warning and "make configs" in warning
+
+
+def test_the_launchers_command_line_has_its_flags_and_plain_mode_only_the_users(tmp_path):
+    from tidepool.launcher.server import ServerConfig, TritonServer
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text("name: 'm'\n")
+    launched = TritonServer(ServerConfig(tmp_path, grace_s=25, backend_config=["python,x=1"]))
+    args = launched.command(tmp_path / "backends")
+    assert "--rate-limit=execution_count" in args and "--exit-timeout-secs=20" in args
+    assert "--backend-config=python,x=1" in args
+    assert any(arg.startswith("--backend-config=python,shm-region-prefix-name=tidepool_") for arg in args)
+    plain = TritonServer(ServerConfig(tmp_path, plain=True, model_control="explicit"))
+    flags = [arg.split("=")[0] for arg in plain.command(tmp_path / "backends")[1:]]
+    assert flags == ["--model-repository", "--backend-directory", "--http-address", "--http-port",
+                     "--grpc-address", "--grpc-port", "--metrics-address", "--metrics-port",
+                     "--model-control-mode", "--load-model"]  # fmt: skip
+
+
+def test_urls_take_loopback_for_every_interface_and_brackets_for_ipv6():
+    from tidepool.launcher.server import ServerConfig
+
+    assert ServerConfig(host="0.0.0.0", http_port=1).http_url == "127.0.0.1:1"
+    assert ServerConfig(host="::1", grpc_port=2).grpc_url == "[::1]:2"
+    assert ServerConfig(host="10.0.0.5", metrics_port=3).metrics_url == "http://10.0.0.5:3/metrics"
+
+
+def test_a_repository_without_models_is_refused_with_what_it_lacks(tmp_path):
+    from tidepool.launcher.server import ServerError, _models_in
+
+    with pytest.raises(ServerError, match="is not a directory"):
+        _models_in(tmp_path / "missing")
+    with pytest.raises(ServerError, match=r"has no model \(no \*/config.pbtxt\)"):
+        _models_in(tmp_path)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.pbtxt").write_text("")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.pbtxt").write_text("")
+    (tmp_path / "not_a_model").mkdir()
+    assert _models_in(tmp_path) == ["a", "b"]
