@@ -16,11 +16,14 @@ from tidepool.planning.live import (
     served_label,
     serving_overhead_ms,
 )
-from tidepool.planning.plan import Budgets
+from tidepool.planning.plan import Budgets, ConfigKey
 
 MiB = 2**20
 # Fixed threads: the watcher's choices between a low-latency and a high-capacity config.
 BUDGETS = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, elastic_threads=False)
+
+
+POOR = ConfigKey(1, 2, 0, "fp32", "eager", 1, 50_000)  # 1x2 fp32 b1 d50ms: no plan writes a 50 ms delay
 
 
 def snapshot(inferences: int, executions: int, queue_ns: int, batches: dict[int, tuple[int, int]]) -> dict:
@@ -61,11 +64,11 @@ def test_light_traffic_gets_the_lowest_latency_and_heavy_traffic_the_capacity(pr
     low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
     capacity = max(ranked, key=lambda p: p.predicted_throughput)
     assert low_latency.torch_threads == 2 and capacity.torch_threads == 1
-    light = decide(low_latency.label, profiles, BUDGETS, traffic(20))
+    light = decide(low_latency.key, profiles, BUDGETS, traffic(20))
     assert not light.change and "no change" in light.reason
-    heavy = decide(low_latency.label, profiles, BUDGETS, traffic(0.8 * low_latency.predicted_throughput))
+    heavy = decide(low_latency.key, profiles, BUDGETS, traffic(0.8 * low_latency.predicted_throughput))
     assert heavy.change and heavy.plan.label == capacity.label and "> 75%" in heavy.reason
-    back = decide(capacity.label, profiles, BUDGETS, traffic(0.1 * low_latency.predicted_throughput))
+    back = decide(capacity.key, profiles, BUDGETS, traffic(0.1 * low_latency.predicted_throughput))
     assert back.change and back.plan.label == low_latency.label
 
 
@@ -74,11 +77,11 @@ def test_steady_traffic_between_the_thresholds_never_flaps(profiles):
     low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
     capacity = max(ranked, key=lambda p: p.predicted_throughput)
     steady = traffic(0.5 * low_latency.predicted_throughput)  # too much to go back, too little to go up
-    served = capacity.label
+    served = capacity.key
     for _ in range(10):
         decision = decide(served, profiles, BUDGETS, steady)
         assert not decision.change, decision.reason
-    assert not decide(low_latency.label, profiles, BUDGETS, steady).change
+    assert not decide(low_latency.key, profiles, BUDGETS, steady).change
 
 
 def waited(rate: float, queue_ms: float) -> Observation:
@@ -92,14 +95,14 @@ def test_requests_that_wait_for_the_one_instance_get_more_instances_at_any_rate(
     low_latency = min(ranked, key=lambda p: p.lone_latency_ms)
     capacity = max(ranked, key=lambda p: p.predicted_throughput)
     rate = 0.3 * low_latency.predicted_throughput
-    assert not decide(low_latency.label, profiles, BUDGETS, waited(rate, queue_ms=2.0)).change
-    decision = decide(low_latency.label, profiles, BUDGETS, waited(rate, queue_ms=5.0))
+    assert not decide(low_latency.key, profiles, BUDGETS, waited(rate, queue_ms=2.0)).change
+    decision = decide(low_latency.key, profiles, BUDGETS, waited(rate, queue_ms=5.0))
     assert decision.change and decision.plan.label == capacity.label, decision.reason
     assert "waited 5.0 ms for an instance" in decision.reason
     # On the widest plan, waiting is what heavy traffic looks like: the rate rule decides.
-    assert not decide(capacity.label, profiles, BUDGETS, waited(rate, queue_ms=5.0)).change
+    assert not decide(capacity.key, profiles, BUDGETS, waited(rate, queue_ms=5.0)).change
     # A poor first config whose requests wait goes straight to more instances.
-    first = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, waited(rate, queue_ms=40.0))
+    first = decide(POOR, profiles, BUDGETS, waited(rate, queue_ms=40.0))
     assert first.change and first.plan.instance_count == 2
 
 
@@ -112,8 +115,8 @@ def test_back_down_only_where_requests_would_not_wait_one_at_a_time(profiles):
     assert low_latency.profile is not None
     batch_one = low_latency.profile.point(1).throughput
     assert 0.45 * batch_one < 0.4 * low_latency.predicted_throughput  # so full batches would say back
-    assert not decide(capacity.label, profiles, BUDGETS, traffic(0.45 * batch_one)).change
-    back = decide(capacity.label, profiles, BUDGETS, traffic(0.3 * batch_one))
+    assert not decide(capacity.key, profiles, BUDGETS, traffic(0.45 * batch_one)).change
+    back = decide(capacity.key, profiles, BUDGETS, traffic(0.3 * batch_one))
     assert back.change and back.plan.label == low_latency.label
 
 
@@ -126,16 +129,16 @@ def test_plans_of_nearly_equal_capacity_do_not_swap_at_each_window():
     two = next(p for p in ranked if p.instance_count == 2)
     assert 1.0 < two.predicted_throughput / one.predicted_throughput < CAPACITY_MARGIN
     rate = 0.3 * one.predicted_throughput
-    moved = decide(one.label, profiles, BUDGETS, waited(rate, queue_ms=20.0))
+    moved = decide(one.key, profiles, BUDGETS, waited(rate, queue_ms=20.0))
     assert moved.change and moved.plan.label == two.label
     for load in (0.8, 0.9, 0.95):
-        stay = decide(two.label, profiles, BUDGETS, traffic(load * two.predicted_throughput))
+        stay = decide(two.key, profiles, BUDGETS, traffic(load * two.predicted_throughput))
         assert not stay.change, stay.reason
-        assert not decide(one.label, profiles, BUDGETS, traffic(load * one.predicted_throughput)).change
+        assert not decide(one.key, profiles, BUDGETS, traffic(load * one.predicted_throughput)).change
 
 
 def test_a_config_not_planned_from_the_profiles_is_replaced():
-    decision = decide("1x2 fp32 b1 d50ms", [variant("encoder", 2)], BUDGETS, traffic(30))
+    decision = decide(POOR, [variant("encoder", 2)], BUDGETS, traffic(30))
     assert decision.change and "is not a planned one" in decision.reason
 
 
@@ -149,7 +152,7 @@ def test_a_slow_first_config_is_judged_by_the_rate_its_clients_will_send_once_an
     rate = 0.3 * low_latency.predicted_throughput
     seen = Observation("encoder", 10.0, int(rate * 10), int(rate * 10), 0, int(rate * 10), 0.1, slow, {})
     assert not seen.waiting
-    decision = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, seen)
+    decision = decide(POOR, profiles, BUDGETS, seen)
     assert decision.change and decision.plan.label == capacity.label, decision.reason
     answered_as_planned = Observation(
         "encoder",
@@ -162,7 +165,7 @@ def test_a_slow_first_config_is_judged_by_the_rate_its_clients_will_send_once_an
         low_latency.lone_latency_ms,
         {},
     )
-    decision = decide("1x2 fp32 b1 d50ms", profiles, BUDGETS, answered_as_planned)
+    decision = decide(POOR, profiles, BUDGETS, answered_as_planned)
     assert decision.plan.label == low_latency.label, decision.reason
 
 
@@ -188,7 +191,7 @@ def test_with_elastic_threads_one_config_serves_light_and_heavy_traffic(profiles
     elastic = ranked[0]
     assert elastic.label.startswith("2x1-2 ")
     for rate in (1.0, 0.5 * elastic.predicted_throughput, 0.8 * elastic.predicted_throughput):
-        decision = decide(elastic.label, profiles, budgets, traffic(rate))
+        decision = decide(elastic.key, profiles, budgets, traffic(rate))
         assert not decision.change, decision.reason
 
 
@@ -218,5 +221,5 @@ def test_serving_overhead_overlaps_across_instances_so_it_can_favour_more_of_the
     )
     assert serving_overhead_ms(busy, one.profile) == pytest.approx(60.0)
     assert served_capacity(two, 60.0) > CAPACITY_MARGIN * served_capacity(one, 60.0)
-    decision = decide(one.label, profiles, loose, busy)
+    decision = decide(one.key, profiles, loose, busy)
     assert decision.change and decision.plan.torch_threads == 1, decision.reason

@@ -23,7 +23,7 @@ from tidepool.errors import TidepoolError
 from tidepool.planning.candidates import candidates
 from tidepool.planning.choose import capacity
 from tidepool.planning.config_writer import planned_config, write_plan
-from tidepool.planning.plan import Budgets, Plan, config_label, served_threads
+from tidepool.planning.plan import Budgets, ConfigKey, Plan
 from tidepool.planning.profile import Profile
 from tidepool.planning.run import PlanSettings
 
@@ -166,32 +166,34 @@ class Decision:
     reason: str
 
 
-def label_instances(label: str) -> int:
-    """The instance count a config label ('2x1 fp32 b8 d0ms') names."""
-    return int(label.split("x", 1)[0])
+def served_key(config: dict[str, Any], cores: int) -> ConfigKey:
+    """The key (as Plan.key) of a config as the server reports it. Elastic instances that ask for
+    more threads than there are cores share them: from cores / instances up to their threads."""
+    given = param.string_parameters(config)
+    instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+    threads = param.TORCH_NUM_THREADS.read(given) or cores
+    elastic = param.ELASTIC_THREADS.read(given) and instances * threads > cores
+    return ConfigKey(
+        instances=instances,
+        threads=threads,
+        min_threads=max(1, cores // instances) if elastic else 0,
+        precision=param.PRECISION.read(given),
+        graph=param.GRAPH.read(given),
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        delay_us=int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0)),
+    )
 
 
 def served_label(config: dict[str, Any], cores: int) -> str:
-    """The label (as Plan.label) of a config as the server reports it."""
-    given = param.string_parameters(config)
-    instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-    delay = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
-    threads = served_threads(
-        instances,
-        param.TORCH_NUM_THREADS.read(given) or cores,
-        cores,
-        elastic=param.ELASTIC_THREADS.read(given),
-    )
-    precision, graph = param.PRECISION.read(given), param.GRAPH.read(given)
-    return config_label(instances, threads, precision, int(config.get("max_batch_size", 0)), delay, graph)
+    return served_key(config, cores).label
 
 
 def decide(
-    current_label: str, profiles: list[Profile], budgets: Budgets, observation: Observation
+    served: ConfigKey, profiles: list[Profile], budgets: Budgets, observation: Observation
 ) -> Decision:
     """The plan for the traffic observed, and whether it is worth a reload (see the module doc)."""
     ranked, _ = candidates(profiles, budgets)
-    current = next((p for p in ranked if p.label == current_label), None)
+    current = next((p for p in ranked if p.key == served), None)
     served_profile = current.profile if current is not None and current.profile else ranked[0].profile
     assert served_profile is not None
     overhead = serving_overhead_ms(observation, served_profile)
@@ -216,8 +218,7 @@ def decide(
         return roomy[0] if roomy else max(plans, key=lambda p: full_batches[p.label])
 
     note = f"traffic {rate:.1f} samples/s; serving adds {overhead:.1f} ms an execution to the profile"
-    served_instances = current.instance_count if current else label_instances(current_label)
-    wider = [p for p in ranked if p.instance_count > served_instances]
+    wider = [p for p in ranked if p.instance_count > served.instances]
     if observation.waiting and wider:
         wanted = for_traffic(wider)
         return Decision(
@@ -227,7 +228,7 @@ def decide(
         )  # fmt: skip
     wanted = for_traffic(ranked)
     if current is None:
-        return Decision(wanted, True, f"{note}; the served config ({current_label}) is not a planned one")
+        return Decision(wanted, True, f"{note}; the served config ({served.label}) is not a planned one")
     load = rate / full_batches[current.label] if full_batches[current.label] else float("inf")
     if load > SCALE_UP_AT and full_batches[wanted.label] >= CAPACITY_MARGIN * full_batches[current.label]:
         return Decision(
@@ -312,16 +313,17 @@ def replan_from_server(
     once, or every window with live.watch."""
     model, model_dir, budgets = live.model, settings.model_dir, settings.budgets
     base = read_config(model_dir / "config.pbtxt")
-    planned_labels = {plan.label for plan in candidates(profiles, budgets)[0]}
+    planned = {plan.key for plan in candidates(profiles, budgets)[0]}
     reloads = 0
     with Connection.open("http", live.server) as connection:
         while True:
             served = served_config(connection, model)
             generation = param.PLAN_GENERATION.read(param.string_parameters(served))
-            label = served_label(served, budgets.cores)
-            window = live.window_s if label in planned_labels else min(live.window_s, FIRST_LOOK_S)
+            key = served_key(served, budgets.cores)
+            label = key.label
+            window = live.window_s if key in planned else min(live.window_s, FIRST_LOOK_S)
             observation = observe(connection, model, window)
-            decision = decide(label, profiles, budgets, observation)
+            decision = decide(key, profiles, budgets, observation)
             stamp = time.strftime("%H:%M:%S")
             say(f"[{stamp}] {model}: {observation.describe()}")
             say(f"[{stamp}] {model}: served {label}; planned {decision.plan.label}: {decision.reason}")

@@ -73,15 +73,20 @@ class Plan:
     profile: Profile | None = field(default=None, repr=False)  # what it was planned from
 
     @property
-    def label(self) -> str:
-        return config_label(
+    def key(self) -> ConfigKey:
+        return ConfigKey(
             self.instance_count,
-            f"{self.min_threads}-{self.torch_threads}" if self.min_threads else self.torch_threads,
+            self.torch_threads,
+            self.min_threads,
             self.precision,
+            self.graph,
             self.max_batch_size,
             self.max_queue_delay_us,
-            self.graph,
         )
+
+    @property
+    def label(self) -> str:
+        return self.key.label
 
     def describe(self) -> str:
         return "\n".join(
@@ -90,27 +95,26 @@ class Plan:
         )
 
 
-def config_label(
-    instances: int,
-    threads: int | str,
-    precision: str,
-    max_batch_size: int,
-    delay_us: int,
-    graph: str = "eager",
-) -> str:
-    """A config's short name, the same for a plan and for what a server serves: '2x1 fp32 b8 d0ms'
-    (instances x torch threads, precision, max batch size, queue delay; '2x1-2' for elastic threads,
-    'fp32 frozen' for a frozen graph)."""
-    runs_as = precision if graph == "eager" else f"{precision} {graph}"
-    return f"{instances}x{threads} {runs_as} b{max_batch_size} d{delay_us / 1000:g}ms"
+@dataclass(frozen=True)
+class ConfigKey:
+    """What tells configs apart, the same for a plan and for what a server serves (live.served_key):
+    instances x torch threads (from `min_threads` up to `threads` with elastic threads; 0: fixed),
+    precision, graph, max batch size and queue delay."""
 
+    instances: int
+    threads: int
+    min_threads: int
+    precision: str
+    graph: str
+    max_batch_size: int
+    delay_us: int
 
-def served_threads(instances: int, threads: int, cores: int, elastic: bool) -> str:
-    """A config's threads as its label shows them: with elastic threads (ELASTIC_THREADS true)
-    instances that ask for more than the cores share them, '1-2'."""
-    if elastic and instances * threads > cores:
-        return f"{max(1, cores // instances)}-{threads}"
-    return str(threads)
+    @property
+    def label(self) -> str:
+        """Its short name: '2x1 fp32 b8 d0ms', '2x1-2 fp32 frozen b4 d0ms'."""
+        threads = f"{self.min_threads}-{self.threads}" if self.min_threads else str(self.threads)
+        runs_as = self.precision if self.graph == "eager" else f"{self.precision} {self.graph}"
+        return f"{self.instances}x{threads} {runs_as} b{self.max_batch_size} d{self.delay_us / 1000:g}ms"
 
 
 # (name in config.pbtxt, Plan attribute)
