@@ -1,13 +1,14 @@
 """Every backend parameter of config.pbtxt in one typed table: its name, its default, how its text
 is read (a bad value refused with the parameter's name), how a value is written, and what it
 means. The runtime reads through it, the planner writes through it, and the README's parameter
-table is checked against it (tests/unit/test_parameters.py): a new parameter is one entry here
-and the code that uses it."""
+table is made from it (`python -m tidepool.parameters README.md`; tests/unit/test_parameters.py
+fails while they differ): a new parameter is one entry here and the code that uses it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from tidepool.spec import ConfigError, parse_bytes, positive_ints
@@ -219,3 +220,20 @@ def markdown_table() -> str:
     rows = ["| parameter | meaning | default |", "| --- | --- | --- |"]
     rows += [f"| `{p.name}` | {p.meaning} | {p.documented_default} |" for p in ALL]
     return "\n".join([*rows, RANGE_ROW])
+
+
+def rewrite_table(readme: Path) -> bool:
+    """Put markdown_table() in place of the parameter table in `readme`; whether it changed."""
+    text = readme.read_text()
+    start = text.index("| parameter | meaning | default |")
+    end = text.index(RANGE_ROW, start) + len(RANGE_ROW)
+    updated = text[:start] + markdown_table() + text[end:]
+    readme.write_text(updated)
+    return updated != text
+
+
+if __name__ == "__main__":  # python -m tidepool.parameters README.md
+    import sys
+
+    for path in sys.argv[1:] or ["README.md"]:
+        print(f"{path}: {'rewritten' if rewrite_table(Path(path)) else 'already current'}")

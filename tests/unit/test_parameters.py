@@ -11,7 +11,20 @@ from tidepool.testing import MODEL_REPOSITORY, REPO_ROOT
 
 
 def test_the_readme_shows_the_table():
-    assert param.markdown_table() in (REPO_ROOT / "README.md").read_text()
+    assert param.markdown_table() in (REPO_ROOT / "README.md").read_text(), (
+        "README.md's parameter table is not the one tidepool/parameters.py makes: "
+        "run .venv/bin/python -m tidepool.parameters README.md"
+    )
+
+
+def test_the_table_is_rewritten_in_place(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "before\n| parameter | meaning | default |\n| old | row |\n" + param.RANGE_ROW + "\nafter\n"
+    )
+    assert param.rewrite_table(readme)
+    assert readme.read_text() == "before\n" + param.markdown_table() + "\nafter\n"
+    assert not param.rewrite_table(readme)  # already current
 
 
 @pytest.mark.parametrize("parameter", param.ALL, ids=lambda p: p.name)
