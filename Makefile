@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) torch==2.13.0,)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[tools,test]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -4,6 +4,7 @@ recognised as such."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from pathlib import Path
@@ -19,12 +20,39 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which container cpusets restrict)."""
+# Where a container's CPU quota is: cgroup v2 ("200000 100000": 2 cores' time per period, or "max"),
+# then cgroup v1's pair of files.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
+    """The cores' worth of time per period this process's cgroup may use (Kubernetes' CPU limit),
+    or None where there is no quota."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, _, period = (root / "cpu.max").read_text().partition(" ")
+        if quota.strip() != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (which cpusets restrict), and no more
+    than its cgroup's CPU quota rounded up. A Kubernetes pod with a CPU limit of 2 on a 64-core node
+    sees all 64 in its affinity; threads sized to those would share 2 cores' time 64 ways."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return cores if limit is None else max(1, min(cores, math.ceil(limit - 1e-9)))
 
 
 def describe_cpu(cores: int | None = None) -> str:

@@ -45,6 +45,10 @@ ALLOWED = {
     "launcher": {"errors", "ports", "machine", "configfile", "spec", "processes"},
     "clients": {"errors", "spec", "inputs", "ports", "configfile"},
     "testing": {"configfile", "clients", "inputs", "spec"},
+    # deploy: manifests from planned configs (reads them, never plans), and the scaling signal.
+    "deploy": {"errors", "spec", "parameters", "configfile", "clients"},
+    # extras: optional packages asked for by name, with how to install them.
+    "extras": {"errors"},
     "cli": None,  # the command line may use every part
 }
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from tidepool.clients.connection import DEFAULT_URLS
 from tidepool.errors import TidepoolError
+from tidepool.extras import require
 from tidepool.ports import free_port
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -155,6 +156,8 @@ def read_summary(report_dir: Path) -> LoadSummary:
 @dataclass
 class WindowFigures:
     """What the requests that finished in one window of a run saw."""
+
+    require("locust", "tidepool load")
 
     requests_per_s: float  # answered
     p99_ms: float  # of the answered ones (0 when none)

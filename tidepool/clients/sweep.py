@@ -18,6 +18,7 @@ import numpy as np
 from tidepool.clients.aio_workers import Outcome, Worker
 from tidepool.clients.connection import Connection
 from tidepool.errors import TidepoolError
+from tidepool.extras import pyplot
 from tidepool.inputs import load_inputs, random_inputs
 from tidepool.spec import positive_ints
 
@@ -310,10 +311,7 @@ def write_reports(results: list[LevelResult], out: Path, title: str) -> list[Pat
     json_path = out.with_suffix(".json")
     json_path.write_text(json.dumps(rows, indent=2))
     png_path = out.with_suffix(".png")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axes = plt.subplots(figsize=(6, 4))
     axes.plot([r.p99_ms for r in results], [r.throughput for r in results], marker="o")

@@ -6,15 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tidepool.extras import pyplot
 from tidepool.planning.profile import Profile
 
 
 def write_report(profile: Profile, out_json: Path) -> list[Path]:
     """profile.json, a Markdown report and three plots beside it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(profile.to_json())

@@ -16,6 +16,7 @@ from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings, rotated
 from tidepool.configfile import copy_model, read_config
 from tidepool.errors import TidepoolError
+from tidepool.extras import pyplot
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.config_writer import planned_config
 from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan
@@ -165,10 +166,7 @@ def verify(
 
 def write_verification(verification: Verification, out_dir: Path, title: str) -> list[Path]:
     """The per-level table as CSV, and a PNG: throughput and p99 against concurrency per candidate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / "verification.csv"

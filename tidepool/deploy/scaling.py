@@ -1,0 +1,56 @@
+"""The signal a HorizontalPodAutoscaler scales Tidepool pods on: per pod, the time requests waited
+in Triton's queues over the time they computed, summed over the pod's models (so each model counts
+by the time it takes, not one vote each). Near 0 while instances take requests as they come; it
+crosses 1 when a request waits as long as it computes, which is when another replica would cut its
+latency. Computed here from two scrapes of /metrics exactly as the prometheus-adapter rule computes
+it from Prometheus, so a test can read it off a real server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidepool.clients.metrics import Sample
+
+SIGNAL = "tidepool_queue_to_compute_ratio"
+QUEUE_US = "nv_inference_queue_duration_us"  # Triton's counters, cumulative per model
+COMPUTE_US = "nv_inference_compute_infer_duration_us"
+DEFAULT_TARGET = 1.0
+RATE_WINDOW = "1m"
+# Where nothing computed, the ratio is 0, not a division by zero: the denominator is at least this
+# many microseconds per second.
+MIN_COMPUTE_US_PER_S = 1.0
+
+
+@dataclass(frozen=True)
+class AdapterRule:
+    """One prometheus-adapter custom-metrics rule that serves SIGNAL per pod."""
+
+    window: str = RATE_WINDOW
+
+    def query(self) -> str:
+        def rate(counter: str) -> str:
+            return f"sum(rate({counter}{{<<.LabelMatchers>>}}[{self.window}])) by (<<.GroupBy>>)"
+
+        return f"{rate(QUEUE_US)} / clamp_min({rate(COMPUTE_US)}, {MIN_COMPUTE_US_PER_S:g})"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "seriesQuery": f'{QUEUE_US}{{namespace!="",pod!=""}}',
+            "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+            "name": {"matches": f"^{QUEUE_US}$", "as": SIGNAL},
+            "metricsQuery": self.query(),
+        }
+
+
+def _total(samples: list[Sample], name: str) -> float:
+    return sum(sample.value for sample in samples if sample.name == name)
+
+
+def queue_to_compute_ratio(before: list[Sample], after: list[Sample], elapsed_s: float) -> float:
+    """SIGNAL for one pod between two scrapes of its /metrics, `elapsed_s` apart: what the adapter
+    rule's rate() ratio gives over that window."""
+    if elapsed_s <= 0:
+        raise ValueError("the scrapes must be apart in time")
+    queue = (_total(after, QUEUE_US) - _total(before, QUEUE_US)) / elapsed_s
+    compute = (_total(after, COMPUTE_US) - _total(before, COMPUTE_US)) / elapsed_s
+    return queue / max(compute, MIN_COMPUTE_US_PER_S)
