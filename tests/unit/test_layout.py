@@ -41,9 +41,10 @@ ALLOWED = {
         "runtime",
         "launcher",
         "clients",
+        "extras",
     },
     "launcher": {"errors", "ports", "machine", "configfile", "spec", "processes"},
-    "clients": {"errors", "spec", "inputs", "ports", "configfile"},
+    "clients": {"errors", "spec", "inputs", "ports", "configfile", "extras"},
     "testing": {"configfile", "clients", "inputs", "spec"},
     # deploy: manifests from planned configs (reads them, never plans), and the scaling signal.
     "deploy": {"errors", "spec", "parameters", "configfile", "clients"},
