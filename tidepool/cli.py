@@ -502,10 +502,10 @@ def _deploy_manifests(args: argparse.Namespace) -> int:
         target_ratio=args.target_ratio,
         namespace=args.namespace,
     )
-    repository = Path(args.model_repository)
-    for line in pod_needs(repository).describe():
+    needs = pod_needs(Path(args.model_repository))
+    for line in needs.describe():
         print(line)
-    for path in write_manifests(repository, Path(args.out), settings):
+    for path in write_manifests(needs, Path(args.out), settings):
         print(f"wrote {path}")
     return 0
 

@@ -18,7 +18,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tidepool.clients.closed_loop import run_closed_loop
@@ -26,9 +25,8 @@ from tidepool.clients.connection import Connection
 from tidepool.clients.metrics import scrape
 from tidepool.deploy import container
 from tidepool.deploy.scaling import DEFAULT_TARGET, queue_to_compute_ratio
-from tidepool.inputs import random_inputs
-from tidepool.ports import free_port
-from tidepool.testing import MODEL_REPOSITORY
+from tidepool.launcher.server import ServerConfig
+from tidepool.testing import MODEL_REPOSITORY, check_examples_answer
 
 REPOSITORY_ROOT = MODEL_REPOSITORY.parent
 DOCKERFILE = REPOSITORY_ROOT / "deploy" / "Dockerfile"
@@ -87,50 +85,34 @@ def fresh_python(root: Path) -> Path:
 
 
 class Replayed:
-    """The scratch root, the server's process and addresses."""
+    """The scratch root, the server's process, and its loopback addresses (a ServerConfig's, for
+    its URLs; the server itself is started here, not by the launcher)."""
 
     def __init__(self, root: Path, install_output: str) -> None:
         self.root = root
         self.install_output = install_output
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.addresses = ServerConfig.on_free_ports(inside(root, str(container.MODEL_DIRECTORY)))
         self.process: subprocess.Popen[bytes] | None = None
         self.log = root / "server.log"
 
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
     def start(self, command: list[str]) -> None:
-        """`command` (the Dockerfile's CMD) with the image's paths under the scratch root, in the
-        environment and with the tritonserver that install-backend printed."""
+        """`command` (the Dockerfile's CMD, which is the container's server command) with the image's
+        paths under the scratch root and free loopback ports, in the environment and with the
+        tritonserver that install-backend printed."""
+        assert command == container.server_command()
         printed = shlex.split(self.install_output.strip().splitlines()[-1])
         environment = dict(os.environ)
-        while "=" in printed[0] and not printed[0].startswith("-"):
+        while "=" in printed[0]:
             name, _, value = printed.pop(0).partition("=")
             environment[name] = os.path.expandvars(value)
-        tritonserver = printed[0]
-        mapped = [tritonserver]
-        for argument in command[1:]:
-            flag, _, value = argument.partition("=")
-            if flag in ("--model-repository", "--backend-directory"):
-                argument = f"{flag}={inside(self.root, value)}"
-            mapped.append(argument)
-        ports = {
-            "--http-port": self.http_port,
-            "--grpc-port": self.grpc_port,
-            "--metrics-port": self.metrics_port,
-        }
-        mapped = [f"{a.partition('=')[0]}={ports[a.partition('=')[0]]}" if a.partition("=")[0] in ports
-                  else a for a in mapped]  # fmt: skip
-        mapped += [f"--{kind}-address=127.0.0.1" for kind in ("http", "grpc", "metrics")]
+        a = self.addresses
+        mapped = container.server_command(
+            a.model_repository,
+            inside(self.root, str(container.BACKEND_DIRECTORY)),
+            (a.http_port, a.grpc_port, a.metrics_port),
+        )
+        mapped[0] = printed[0]  # the tritonserver install-backend found
+        mapped += [f"--{kind}-address={a.host}" for kind in ("http", "grpc", "metrics")]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 mapped, env=environment, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -141,7 +123,7 @@ class Replayed:
             if self.process.poll() is not None:
                 raise AssertionError(f"tritonserver exited:\n{self.log.read_text()[-4000:]}")
             try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as answer:
+                with urllib.request.urlopen(f"http://{a.http_url}/v2/health/ready", timeout=2) as answer:
                     if answer.status == 200:
                         return
             except OSError:
@@ -205,20 +187,19 @@ def test_the_install_script_installed_tidepool_into_the_fresh_environment(replay
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_replayed_container_serves_both_examples(replayed, protocol):
-    url = replayed.http_url if protocol == "http" else replayed.grpc_url
-    with Connection.open(protocol, url) as connection:
-        for model in ("encoder", "convnet"):
-            spec = connection.model_spec(model)
-            [output] = spec.outputs
-            served = connection.infer(model, random_inputs(spec, batch=2, seed=3), spec)
-            assert served[output.name].shape == (2, *output.dims)
-            assert np.isfinite(served[output.name]).all()
+    addresses = replayed.addresses
+    with Connection.open(
+        protocol, addresses.http_url if protocol == "http" else addresses.grpc_url
+    ) as connection:
+        check_examples_answer(connection, seed=3)
 
 
 def ratio_under(replayed: Replayed, concurrency: int, duration_s: float) -> float:
-    before, began = scrape(replayed.metrics_url), time.monotonic()
-    result = run_closed_loop("encoder", replayed.grpc_url, concurrency=concurrency, duration_s=duration_s)
-    after, elapsed = scrape(replayed.metrics_url), time.monotonic() - began
+    before, began = scrape(replayed.addresses.metrics_url), time.monotonic()
+    result = run_closed_loop(
+        "encoder", replayed.addresses.grpc_url, concurrency=concurrency, duration_s=duration_s
+    )
+    after, elapsed = scrape(replayed.addresses.metrics_url), time.monotonic() - began
     assert result.latencies_ms and not result.errors, result.errors[:3]
     return queue_to_compute_ratio(before, after, elapsed)
 

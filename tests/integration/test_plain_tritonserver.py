@@ -17,7 +17,7 @@ from tidepool.clients.connection import Connection
 from tidepool.inputs import random_inputs
 from tidepool.launcher.install import install_backend
 from tidepool.launcher.server import ServerConfig, TritonServer
-from tidepool.testing import MODEL_REPOSITORY
+from tidepool.testing import MODEL_REPOSITORY, check_examples_answer
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +47,7 @@ def plain_server(tmp_path_factory):
 def test_both_models_answer_and_a_bad_request_gets_its_own_error(plain_server, protocol):
     config = plain_server.config
     with Connection.open(protocol, config.http_url if protocol == "http" else config.grpc_url) as connection:
-        for model in ("encoder", "convnet"):
-            spec = connection.model_spec(model)
-            [output] = spec.outputs
-            served = connection.infer(model, random_inputs(spec, batch=2, seed=7), spec)
-            assert served[output.name].shape == (2, *output.dims)
-            assert np.isfinite(served[output.name]).all()
+        check_examples_answer(connection, seed=7)
         spec = connection.model_spec("encoder")
         bad = random_inputs(spec, batch=1)
         bad["INPUT_IDS"][0, 3] = 30522

@@ -27,7 +27,10 @@ KUBERNETES = kubernetes_validate.utils.latest_version()
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, dict]:
-    return {name: yaml.safe_load(text) for name, text in render(MODEL_REPOSITORY, DeploySettings()).items()}
+    return {
+        name: yaml.safe_load(text)
+        for name, text in render(pod_needs(MODEL_REPOSITORY), DeploySettings()).items()
+    }
 
 
 def mebibytes(quantity: str) -> int:
@@ -145,7 +148,7 @@ def test_the_service_and_disruption_budget_select_the_deployments_pods(rendered)
 
 
 def test_the_committed_manifests_are_those_of_the_committed_configs():
-    for name, text in render(MODEL_REPOSITORY, DeploySettings()).items():
+    for name, text in render(pod_needs(MODEL_REPOSITORY), DeploySettings()).items():
         assert (COMMITTED / name).read_text() == text, (
             f"deploy/kubernetes/{name} is stale: run `tidepool deploy-manifests model_repository`"
         )

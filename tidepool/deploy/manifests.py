@@ -16,7 +16,7 @@ import yaml
 from tidepool import __version__
 from tidepool.deploy import container
 from tidepool.deploy.scaling import SIGNAL, AdapterRule
-from tidepool.deploy.sizing import MIB, DeployError, PodNeeds, pod_needs
+from tidepool.deploy.sizing import MIB, DeployError, PodNeeds
 
 Manifest = dict[str, Any]
 
@@ -90,6 +90,9 @@ class Renderer:
             found["namespace"] = self.settings.namespace
         return found
 
+    def selector(self) -> dict[str, dict[str, str]]:
+        return {"matchLabels": dict(self.labels)}
+
     def resources(self) -> dict[str, dict[str, str]]:
         needs = self.needs
         # CPU request = limit = the cores the plan was made for: the container then sees exactly
@@ -130,7 +133,7 @@ class Renderer:
             "metadata": self.metadata(),
             "spec": {
                 "replicas": self.settings.min_replicas,
-                "selector": {"matchLabels": dict(self.labels)},
+                "selector": self.selector(),
                 "template": {
                     "metadata": {"labels": dict(self.labels)},
                     "spec": {
@@ -173,7 +176,7 @@ class Renderer:
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
             "metadata": self.metadata(),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(self.labels)}},
+            "spec": {"maxUnavailable": 1, "selector": self.selector()},
         }
 
     def pod_monitor(self) -> Manifest:
@@ -182,7 +185,7 @@ class Renderer:
             "kind": "PodMonitor",
             "metadata": self.metadata(),
             "spec": {
-                "selector": {"matchLabels": dict(self.labels)},
+                "selector": self.selector(),
                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
             },
         }
@@ -235,9 +238,8 @@ class Renderer:
         }
 
 
-def render(model_repository: Path, settings: DeploySettings) -> dict[str, str]:
+def render(needs: PodNeeds, settings: DeploySettings) -> dict[str, str]:
     """File name -> YAML text, each opening with what the plan says the pod needs."""
-    needs = pod_needs(model_repository)
     header = [
         "Rendered by `tidepool deploy-manifests` from the planned configs; render again after re-planning.",
         *needs.describe(),
@@ -250,10 +252,10 @@ def render(model_repository: Path, settings: DeploySettings) -> dict[str, str]:
     return rendered
 
 
-def write_manifests(model_repository: Path, out: Path, settings: DeploySettings) -> list[Path]:
+def write_manifests(needs: PodNeeds, out: Path, settings: DeploySettings) -> list[Path]:
     written = []
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in render(model_repository, settings).items():
+    for name, text in render(needs, settings).items():
         path = out / name
         path.write_text(text)
         written.append(path)

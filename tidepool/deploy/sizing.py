@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidepool import parameters as param
-from tidepool.configfile import ModelInstanceGroup, read_config, read_config_dict
+from tidepool.configfile import ModelInstanceGroup, as_dict, read_config
 from tidepool.errors import TidepoolError
 from tidepool.spec import ModelSpec, parse_model_config
 
@@ -116,9 +116,9 @@ def _sample_bytes(spec: ModelSpec) -> int:
 
 def model_needs(model_dir: Path) -> ModelNeeds:
     path = model_dir / "config.pbtxt"
-    config = read_config(path)
-    spec = parse_model_config(read_config_dict(path))
     text = path.read_text()
+    config = read_config(path)
+    spec = parse_model_config(as_dict(config))
     notes = []
     instances = sum(group.count or 1 for group in config.instance_group) or 1
     gpu_instances = sum(

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from tidepool.clients.connection import Connection
 from tidepool.configfile import copy_model, read_config, with_parameters
+from tidepool.inputs import random_inputs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
@@ -38,3 +42,17 @@ def cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
+
+
+EXAMPLE_MODELS = ("encoder", "convnet")
+
+
+def check_examples_answer(connection: Connection, seed: int = 0) -> None:
+    """Each example model answers a valid batch of 2 with outputs of its config's shape, all finite;
+    AssertionError otherwise."""
+    for model in EXAMPLE_MODELS:
+        spec = connection.model_spec(model)
+        [output] = spec.outputs
+        served = connection.infer(model, random_inputs(spec, batch=2, seed=seed), spec)
+        assert served[output.name].shape == (2, *output.dims), (model, served[output.name].shape)
+        assert np.isfinite(served[output.name]).all(), model
