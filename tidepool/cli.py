@@ -9,17 +9,29 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidepool.errors import TidepoolError
 from tidepool.machine import usable_cores
-from tidepool.spec import parse_bytes, positive_ints
+from tidepool.spec import parse_bytes, parse_duration, positive_ints
+
+if TYPE_CHECKING:  # the commands import their parts when run
+    from tidepool.planning.live import LiveSettings
+    from tidepool.planning.run import PlanSettings
 
 
 def progress_printer(text: str) -> None:
     """Progress of long work on stderr: one line rewritten in place on a terminal."""
     end = "\r" if sys.stderr.isatty() else "\n"
     print(f"{text:<90}", end=end, file=sys.stderr, flush=True)
+
+
+def duration(text: str) -> float:
+    """An argparse type: '10s', '500ms', '5m' or a plain number of seconds -> seconds."""
+    try:
+        return parse_duration(text, "duration")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def int_list(text: str) -> list[int]:
@@ -243,8 +255,14 @@ def _add_sweep(commands: Any) -> None:
         help="open-loop mode: requests per second per level, instead of concurrency",
     )
     sweep.add_argument("--batch", type=int, default=1, help="rows per request (default: %(default)s)")
-    sweep.add_argument("--duration-s", type=float, default=10.0, help="length of one measurement window")
-    sweep.add_argument("--warmup-s", type=float, default=2.0)
+    sweep.add_argument(
+        "--duration", "--duration-s", dest="duration_s", type=duration, default=10.0,
+        help="one measurement window, e.g. 10s (default: %(default)s s)",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--warmup", "--warmup-s", dest="warmup_s", type=duration, default=2.0,
+        help="before each level, e.g. 2s (default: %(default)s s)",
+    )  # fmt: skip
     sweep.add_argument(
         "--max-windows",
         type=int,
@@ -269,7 +287,7 @@ def _load(args: argparse.Namespace) -> int:
             model=args.model,
             users=args.users,
             spawn_rate=args.spawn_rate,
-            duration=args.duration,
+            duration=f"{max(1, round(args.duration))}s",
             protocol=args.protocol,
             url=args.url,
             p99_ms=args.p99_ms,
@@ -301,7 +319,7 @@ def _add_load(commands: Any) -> None:
     load.add_argument("model")
     load.add_argument("--users", type=int, default=32)
     load.add_argument("--spawn-rate", type=float, default=8.0, help="users started per second")
-    load.add_argument("--duration", default="60s", help="e.g. 60s, 5m (default: %(default)s)")
+    load.add_argument("--duration", type=duration, default=60.0, help="e.g. 60s, 5m (default: 60s)")
     load.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
     load.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
     load.add_argument("--p99-ms", type=float, help="fail when p99 latency is above this bound")
@@ -316,7 +334,10 @@ def _add_load(commands: Any) -> None:
         metavar="N|U1,U2,...",
         help="step load: N adds N users every --step-seconds (4 steps); a list gives the users of each step",
     )
-    load.add_argument("--step-seconds", type=float, default=10.0)
+    load.add_argument(
+        "--step-seconds", "--step", dest="step_seconds", type=duration, default=10.0,
+        help="length of one step, e.g. 10s (default: %(default)s s)",
+    )  # fmt: skip
     load.add_argument(
         "--request-log",
         action="store_true",
@@ -392,22 +413,45 @@ def _plan(args: argparse.Namespace) -> int:
         report_dir=Path(args.report_dir) if args.report_dir else None,
         write=args.write,
     )
-    if args.from_server and not args.profile:
-        print("no --profile given: profiling now, on the machine that serves "
-              "(pass saved profiles to spare it)", file=sys.stderr)  # fmt: skip
-    profiles = gather_profiles(settings, say=print, progress=progress_printer)
     if args.from_server:
         from tidepool.planning.live import LiveSettings, replan_from_server
 
         live = LiveSettings(
             args.from_server, args.model or settings.model_dir.name, args.window, args.apply, args.watch
         )
+        if not settings.saved_profiles:
+            settings = _profiles_for_live(settings, live)
+        profiles = gather_profiles(settings, say=print, progress=progress_printer)
         return replan_from_server(settings, live, profiles, say=lambda text: print(text, flush=True))
+    profiles = gather_profiles(settings, say=print, progress=progress_printer)
     outcome = plan_model(settings, profiles, say=print, progress=progress_printer, began=began)
     if outcome.chosen is None:
         print(f"tidepool plan: impossible: {outcome.impossible}. Nothing was written.", file=sys.stderr)
         return 2
     return 0
+
+
+def _profiles_for_live(settings: PlanSettings, live: LiveSettings) -> PlanSettings:
+    """A re-plan of a live server plans from the profiles `tidepool plan --write` saved beside the
+    config; only where there are none it profiles here, saying so, and warns when the server is busy."""
+    from dataclasses import replace
+
+    from tidepool.planning.live import serving_rate
+    from tidepool.planning.run import PROFILES_DIRECTORY, saved_profile_paths
+
+    saved = saved_profile_paths(settings.model_dir)
+    if saved:
+        print(f"planning from the {len(saved)} profiles `tidepool plan --write` saved in "
+              f"{settings.model_dir / PROFILES_DIRECTORY}", flush=True)  # fmt: skip
+        return replace(settings, saved_profiles=saved)
+    print(f"no saved profiles in {settings.model_dir / PROFILES_DIRECTORY} and no --profile: profiling "
+          "now, on this machine", file=sys.stderr)  # fmt: skip
+    rate = serving_rate(live.server, live.model)
+    if rate > 0:
+        print(f"warning: the server answers {rate:.0f} samples/s of {live.model} now; a profile taken "
+              "beside it measures that load too (plan once on an idle machine with --write, which "
+              "saves the profiles)", file=sys.stderr)  # fmt: skip
+    return settings
 
 
 def _add_plan(commands: Any) -> None:
@@ -450,21 +494,22 @@ def _add_plan(commands: Any) -> None:
         help=f"closed-loop concurrency levels (default: {','.join(map(str, VERIFY_LEVELS))})",
     )
     plan.add_argument(
-        "--window-s",
-        type=float,
-        default=VERIFY_WINDOW_S,
-        help="measurement window per level (default: %(default)s)",
-    )
+        "--verify-window", "--window-s", dest="window_s", type=duration, default=VERIFY_WINDOW_S,
+        help="--verify's measurement window per level, e.g. 2s (default: %(default)s s)",
+    )  # fmt: skip
     plan.add_argument(
         "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
     )
     live = plan.add_argument_group("re-planning from a live server")
     live.add_argument(
-        "--from-server", metavar="HOST:PORT", help="the live server's HTTP address: re-plan for its traffic"
+        "--from-server",
+        metavar="URL",
+        help="the live server: HOST:PORT or http://HOST:PORT (HTTP), grpc://HOST:PORT (gRPC); re-plan "
+        "for its traffic, from the profiles `plan --write` saved beside the config",
     )
     live.add_argument("--model", help="the model's name on the server (default: the model directory's name)")
     live.add_argument(
-        "--window", type=float, default=60.0, help="seconds of traffic per observation (default: 60)"
+        "--window", type=duration, default=60.0, help="traffic per observation, e.g. 10s, 2m (default: 60s)"
     )
     live.add_argument(
         "--apply",

@@ -120,6 +120,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 GRAPHS = ("eager", "frozen")  # see runtime/graph.py
 POOL_KINDS = ("auto", "host", "pinned", "cuda")
 DEFAULT_HOLD_US = 1000  # see runtime/cores.py
+DEFAULT_SPIN_COUNT = 20000  # see runtime/cores.py
 
 MODEL_FACTORY: Parameter[str | None] = Parameter(
     "MODEL_FACTORY", None, as_text,
@@ -147,6 +148,12 @@ ELASTIC_HOLD_US: Parameter[int] = Parameter(
     "time it still counts as busy after its forward pass (one taking batches back to back is held "
     "for twice its gap between them); without load it is not held, so a lone request runs on every "
     "core whichever instance takes it",
+)  # fmt: skip
+ELASTIC_SPIN_COUNT: Parameter[int] = Parameter(
+    "ELASTIC_SPIN_COUNT", DEFAULT_SPIN_COUNT, at_least(0),
+    "with elastic threads, how long idle OpenMP threads spin before they sleep (libgomp's "
+    "`GOMP_SPINCOUNT`; one set in tritonserver's environment wins): long enough to stay awake between "
+    "a pass's operators, short enough to leave the cores before another instance takes the next request",
 )  # fmt: skip
 PRECISION: Parameter[str] = Parameter(
     "PRECISION", "fp32", one_of(*PRECISIONS),
@@ -206,7 +213,7 @@ PLAN_REASON: Parameter[str] = Parameter(
 # spec.py with the input it belongs to.
 ALL: tuple[Parameter[object], ...] = (
     MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
-    PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
+    ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
     POOL_INITIAL_BYTES, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
     PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip

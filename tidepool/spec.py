@@ -142,6 +142,23 @@ def parse_bytes(text: str, where: str) -> int:
     return int(value)
 
 
+_SECONDS_PER = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, where: str) -> float:
+    """'10s', '500ms', '5m', '1h' or a plain number of seconds -> seconds (above 0)."""
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("amhins")
+    unit = cleaned[len(number) :]
+    try:
+        value = float(number) * _SECONDS_PER[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{where}: expected e.g. 10s, 500ms, 5m or 30 (seconds), got {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{where}: a duration must be above 0, got {text!r}")
+    return value
+
+
 def _tensor_specs(
     entries: list[dict[str, Any]], parameters: dict[str, str], kind: str
 ) -> tuple[TensorSpec, ...]:

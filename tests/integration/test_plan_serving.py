@@ -19,6 +19,7 @@ from tidepool.planning.live import served_label
 from tidepool.planning.plan import Budgets
 from tidepool.planning.profile import Profile
 from tidepool.planning.profiler import profile_model
+from tidepool.planning.run import PROFILES_DIRECTORY, PROFILES_NOTE
 from tidepool.testing import MODEL_REPOSITORY
 
 PROFILES = Path(__file__).parents[1] / "unit" / "profiles"
@@ -106,3 +107,7 @@ def test_plan_verify_serves_each_candidate_at_each_level_and_writes_the_chosen_o
     [chosen] = [label for label in labels if line.startswith(label)]
     assert served_label(as_dict(read_config(model_dir / "config.pbtxt")), cores=2) == chosen
     assert "Verified on a real server" in (model_dir / "config.pbtxt").read_text()
+    # --write keeps the profiles it planned from beside the config, and the header says where.
+    saved = sorted(p.name for p in (model_dir / PROFILES_DIRECTORY).glob("*.json"))
+    assert saved == ["cpu-fp32-eager-1t.json", "cpu-fp32-eager-2t.json"], saved
+    assert PROFILES_NOTE in (model_dir / "config.pbtxt").read_text()

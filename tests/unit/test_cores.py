@@ -248,9 +248,14 @@ def test_openmp_spinning_is_bounded_for_elastic_instances_unless_the_user_chose(
     assert prepare_openmp(config(2, "1")) is None
     assert cores.SPIN_VARIABLE not in cores.os.environ
     assert "GOMP_SPINCOUNT=20000" in (prepare_openmp(config(2, "2")) or "")
-    assert cores.os.environ[cores.SPIN_VARIABLE] == cores.ELASTIC_SPIN_COUNT
+    assert cores.os.environ[cores.SPIN_VARIABLE] == "20000"
+    monkeypatch.delenv(cores.SPIN_VARIABLE)
+    chosen = config(2, "2")
+    chosen["parameters"]["ELASTIC_SPIN_COUNT"] = {"string_value": "150000"}
+    assert "GOMP_SPINCOUNT=150000" in (prepare_openmp(chosen) or "")
+    assert cores.os.environ[cores.SPIN_VARIABLE] == "150000"
     monkeypatch.setenv(cores.SPIN_VARIABLE, "5")
-    assert prepare_openmp(config(2, "2")) == "GOMP_SPINCOUNT=5 as set"
+    assert prepare_openmp(chosen) == "GOMP_SPINCOUNT=5 as set"
 
 
 def niceness() -> int:

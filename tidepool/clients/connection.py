@@ -24,6 +24,22 @@ TRANSIENT_STATUSES = ("StatusCode.UNAVAILABLE", "503")
 RELOADING_MESSAGES = ("has no available versions", "is not ready")
 
 
+def server_address(text: str, default_protocol: str = "http") -> tuple[str, str]:
+    """'HOST:PORT', 'http://HOST:PORT' or 'grpc://HOST:PORT' -> (protocol, 'HOST:PORT'): the
+    scheme, where given, says the protocol, and tritonclient is handed the address without it (it
+    refuses a scheme). TidepoolError, in one line, for anything else."""
+    scheme, separator, address = text.strip().rpartition("://")
+    protocol = scheme.lower() if separator else default_protocol
+    if protocol not in DEFAULT_URLS:
+        raise TidepoolError(
+            f"{text!r}: the scheme must be http:// or grpc:// (TLS is not supported here), or none: HOST:PORT"
+        )
+    address = address.rstrip("/")
+    if not address or "/" in address:
+        raise TidepoolError(f"{text!r}: expected HOST:PORT, e.g. {DEFAULT_URLS[protocol]}, with no path")
+    return protocol, address
+
+
 def is_transient(error: Exception) -> bool:
     """Errors a retry can outlive: the server unreachable, unavailable, or reloading the model."""
     if not isinstance(error, InferenceServerException):
@@ -57,6 +73,10 @@ class Connection:
     def open(cls, protocol: str = "http", url: str | None = None, concurrency: int = 1) -> Connection:
         if protocol not in DEFAULT_URLS:
             raise TidepoolError(f"protocol must be http or grpc, got {protocol!r}")
+        if url and "://" in url:
+            given, url = server_address(url, protocol)
+            if given != protocol:
+                raise TidepoolError(f"the address says {given}:// but the protocol is {protocol}")
         url = url or DEFAULT_URLS[protocol]
         if protocol == "http":
             client = httpclient.InferenceServerClient(url, concurrency=concurrency)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidepool import parameters as param
-from tidepool.clients.connection import Connection
+from tidepool.clients.connection import Connection, server_address
 from tidepool.configfile import ModelConfig, as_dict, read_config
 from tidepool.errors import TidepoolError
 from tidepool.planning.candidates import candidates
@@ -25,7 +25,7 @@ from tidepool.planning.choose import capacity
 from tidepool.planning.config_writer import planned_config, write_plan
 from tidepool.planning.plan import Budgets, ConfigKey, Plan
 from tidepool.planning.profile import Profile
-from tidepool.planning.run import PlanSettings
+from tidepool.planning.run import PROFILES_NOTE, PlanSettings, saved_profile_paths
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...
 SCALE_UP_AT = 0.75
@@ -289,21 +289,51 @@ def served_config(connection: Connection, model: str) -> dict[str, Any]:
     return config
 
 
-# A served config that is none of the plans is replaced after a short first look: telling light
-# traffic from heavy needs seconds, and every window of it is served badly.
-FIRST_LOOK_S = 2.0
-
-
 @dataclass(frozen=True)
 class LiveSettings:
-    """`tidepool plan --from-server`: the server (HOST:PORT of its HTTP endpoint), the model's name
-    there, the window of traffic per observation, and what to do with a changed plan."""
+    """`tidepool plan --from-server`: the server (HOST:PORT of its HTTP endpoint, or
+    http://HOST:PORT, or grpc://HOST:PORT), the model's name there, the window of traffic per
+    observation, and what to do with a changed plan."""
 
     server: str
     model: str
     window_s: float = 60.0
     apply: bool = False  # load it into the server (explicit model control)
     watch: bool = False  # observe and re-plan every window until stopped
+
+
+# What to try when an address does not speak the protocol it was taken for.
+_OTHER_PORT = {
+    "http": "if it is Triton's gRPC port (8001 by default), pass grpc://{address}; its HTTP port is 8000 "
+    "by default",
+    "grpc": "if it is Triton's HTTP port (8000 by default), pass http://{address}; its gRPC port is 8001 "
+    "by default",
+}
+
+
+def connect(server: str) -> Connection:
+    """A connection to a live server that answered; LiveError, in one line, where it did not."""
+    protocol, address = server_address(server)
+    connection = Connection.open(protocol, address)
+    try:
+        if protocol == "grpc":
+            connection.client.is_server_live(client_timeout=10)
+        else:
+            connection.client.is_server_live()
+    except Exception as exc:
+        connection.close()
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise LiveError(
+            f"{address} did not answer Triton's {protocol.upper()} API ({reason}): "
+            + _OTHER_PORT[protocol].format(address=address)
+        ) from None
+    return connection
+
+
+def serving_rate(server: str, model: str, seconds: float = 2.0) -> float:
+    """Samples per second the server answers `model` now (to warn before profiling beside it)."""
+    with connect(server) as connection:
+        return observe(connection, model, seconds).rate
 
 
 def replan_from_server(
@@ -315,22 +345,26 @@ def replan_from_server(
     base = read_config(model_dir / "config.pbtxt")
     planned = {plan.key for plan in candidates(profiles, budgets)[0]}
     reloads = 0
-    with Connection.open("http", live.server) as connection:
+    notes = [PROFILES_NOTE] if saved_profile_paths(model_dir) else []
+    with connect(live.server) as connection:
         while True:
             served = served_config(connection, model)
             generation = param.PLAN_GENERATION.read(param.string_parameters(served))
             key = served_key(served, budgets.cores)
             label = key.label
-            window = live.window_s if key in planned else min(live.window_s, FIRST_LOOK_S)
-            observation = observe(connection, model, window)
+            if key not in planned:
+                say(f"{model}: the served config ({label}) is none of the plans for these budgets; "
+                    f"observing {live.window_s:g} s of its traffic, then re-planning")  # fmt: skip
+            observation = observe(connection, model, live.window_s)
             decision = decide(key, profiles, budgets, observation)
             stamp = time.strftime("%H:%M:%S")
             say(f"[{stamp}] {model}: {observation.describe()}")
             say(f"[{stamp}] {model}: served {label}; planned {decision.plan.label}: {decision.reason}")
             if decision.change and settings.write:
                 write_plan(
-                    model_dir, budgets, decision.plan, [f"Re-planned from the live server: {decision.reason}"]
-                )
+                    model_dir, budgets, decision.plan,
+                    [f"Re-planned from the live server: {decision.reason}", *notes],
+                )  # fmt: skip
             if decision.change and live.apply:
                 apply(connection, base, decision.plan, model, generation + 1, decision.reason)
                 reloads += 1

@@ -116,12 +116,13 @@ def at_lower_priority(load: Callable[[], Loaded], niceness: int) -> Loaded:
     return loaded[0]
 
 
-# What idle OpenMP threads of an elastic instance spin before they sleep (libgomp's default is
-# ~300,000 rounds, milliseconds): long enough to stay awake between the operators of one forward
-# pass, short enough to leave the cores before another instance takes the next request. Measured on
-# 2 cores (encoder, 2 instances x up to 2 threads, concurrency 1): default spin 0.67x one instance
-# with 2 threads, 20,000 rounds 0.94-1.09x.
-ELASTIC_SPIN_COUNT = "20000"
+# What idle OpenMP threads of an elastic instance spin before they sleep (ELASTIC_SPIN_COUNT,
+# default DEFAULT_SPIN_COUNT; libgomp's own default is ~300,000 rounds, milliseconds): long enough to
+# stay awake between the operators of one forward pass, short enough to leave the cores before
+# another instance takes the next request. Measured on 2 cores (encoder, 2 instances x up to 2
+# threads, concurrency 1): default spin 0.67x one instance with 2 threads, 20,000 rounds 0.94-1.09x;
+# benchmarks/openmp_alternation.py shows why (two processes taking turns at the default spin: 1.93x
+# the pass of one process; at 20,000: 1.06x).
 
 
 def oversubscribed(model: ModelSpec, cores: int) -> bool:
@@ -138,14 +139,16 @@ def prepare_openmp(model_config: dict[str, Any]) -> str | None:
     """Before torch loads in a stub: bound how long idle OpenMP threads spin where elastic threads
     share the cores (see ELASTIC_SPIN_COUNT). A value the user set is kept. Returns a note for the log."""
     try:
-        if not oversubscribed(parse_model_config(model_config), usable_cores()):
+        model = parse_model_config(model_config)
+        if not oversubscribed(model, usable_cores()):
             return None
+        spin = param.ELASTIC_SPIN_COUNT.read(model.parameters)
     except ConfigError:
         return None  # loading the instance says what is wrong
     if SPIN_VARIABLE in os.environ:
         return f"{SPIN_VARIABLE}={os.environ[SPIN_VARIABLE]} as set"
-    os.environ[SPIN_VARIABLE] = ELASTIC_SPIN_COUNT
-    return f"{SPIN_VARIABLE}={ELASTIC_SPIN_COUNT} (idle OpenMP threads leave the cores soon)"
+    os.environ[SPIN_VARIABLE] = str(spin)
+    return f"{SPIN_VARIABLE}={spin} (idle OpenMP threads leave the cores soon)"
 
 
 def share_path(server_pid: int, directory: Path | None = None) -> Path:
