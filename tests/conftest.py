@@ -7,8 +7,10 @@ from tidepool.testing import cuda_available
 
 
 @pytest.fixture
-def pb_utils():
-    """A fresh fake of triton_python_backend_utils, installed for this test only."""
+def pb_utils(tmp_path, monkeypatch):
+    """A fresh fake of triton_python_backend_utils, installed for this test only. The node ledgers
+    of the instances it serves live in the test's own directory, as if each test were a server."""
+    monkeypatch.setattr("tidepool.pool.ledger.SHM_DIRECTORY", tmp_path)
     yield from fake_pb_utils.installed()
 
 

@@ -78,7 +78,12 @@ def _measuring(args: argparse.Namespace) -> Any:
 def _serve(args: argparse.Namespace) -> int:
     from tidepool.launcher.serve import serve
     from tidepool.launcher.server import ServerConfig
+    from tidepool.pool.budget import BUDGET_VARIABLE, budget_for, format_budget, parse_budget
 
+    if args.memory_budget:
+        os.environ[BUDGET_VARIABLE] = format_budget(parse_budget(args.memory_budget, "--memory-budget"))
+    host = budget_for("host")
+    print(f"tidepool: node memory budget host={host.nbytes / 2**30:.2f}GiB ({host.why})", file=sys.stderr)
     return serve(
         ServerConfig(
             model_repository=Path(args.model_repository),
@@ -142,6 +147,12 @@ def _add_serve(commands: Any) -> None:
         default=defaults.rate_limit,
         help="Triton's rate limiter; execution_count lets the rate-limiter priorities of an elastic "
         "plan keep a lone client on one instance (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        metavar="TIER=SIZE,...",
+        help="what the pools of every model share, e.g. host=8GiB,cuda:0=20GiB (sets "
+        "TIDEPOOL_MEMORY_BUDGET for the server; default: 80%% of the machine's or device's memory)",
     )
     serve.add_argument(
         "--grace-s",
@@ -535,6 +546,30 @@ def _add_plan(commands: Any) -> None:
     plan.set_defaults(run=_plan)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from tidepool.pool.ledger import ledger_paths
+    from tidepool.pool.status import describe_ledgers
+
+    paths = ledger_paths()
+    if args.server_pid is not None:
+        paths = [p for p in paths if p.name.startswith(f"tidepool_{args.server_pid}_")]
+    for line in describe_ledgers(paths):
+        print(line)
+    return 0
+
+
+def _add_status(commands: Any) -> None:
+    status = commands.add_parser(
+        "status",
+        help="the node memory budget: what each model's pool holds, read from the servers' shared ledgers",
+        description="Print each running server's node ledger per tier (budget, reserved, trims, "
+        "denials) and a line per pool: model, instance, pid, floor, reserved, in use. Reads the "
+        "shared files directly: no server call.",
+    )
+    status.add_argument("--server-pid", type=int, help="only this tritonserver's ledgers")
+    status.set_defaults(run=_status)
+
+
 def _deploy_manifests(args: argparse.Namespace) -> int:
     from tidepool.deploy.manifests import DeploySettings, write_manifests
     from tidepool.deploy.sizing import pod_needs
@@ -592,7 +627,7 @@ def _add_deploy_manifests(commands: Any) -> None:
 
 COMMANDS = (
     _add_serve, _add_install_backend, _add_infer, _add_sweep, _add_load, _add_profile, _add_plan,
-    _add_deploy_manifests,
+    _add_status, _add_deploy_manifests,
 )  # fmt: skip
 
 

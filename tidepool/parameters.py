@@ -187,7 +187,17 @@ POOL_LIMIT_BYTES: Parameter[int | None] = Parameter(
     "hard cap of the instance's pool, e.g. `2GiB`: the instance's own blocks (batches and outputs; "
     "on a GPU pinned staging and device inputs), not torch's own allocations (docs/pool.md)",
 )  # fmt: skip
-POOL_INITIAL_BYTES: Parameter[int] = Parameter("POOL_INITIAL_BYTES", 0, byte_size, "reserved at start")
+POOL_INITIAL_BYTES: Parameter[int] = Parameter(
+    "POOL_INITIAL_BYTES", 0, byte_size,
+    "reserved at start, and the pool's floor in the node budget: never lent to other models",
+)  # fmt: skip
+NODE_BUDGET: Parameter[bool] = Parameter(
+    "NODE_BUDGET", True, switch,
+    "`on`: the pool reserves from the server's shared memory budget per tier (`TIDEPOOL_MEMORY_BUDGET`, "
+    "`tidepool serve --memory-budget`; default 80% of the machine's or device's memory), lends what it "
+    "holds above its floor and borrows what others lend (docs/pool.md); `off`: its own limit only",
+    write_value=write_switch,
+)  # fmt: skip
 POOL_WARMUP_BATCH_SIZES: Parameter[tuple[int, ...] | None] = Parameter(
     "POOL_WARMUP_BATCH_SIZES", None, batch_sizes,
     "batch sizes run at load; sizes above `max_batch_size` are clamped", "`1,max_batch_size`",
@@ -214,7 +224,7 @@ PLAN_REASON: Parameter[str] = Parameter(
 ALL: tuple[Parameter[object], ...] = (
     MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
     ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
-    POOL_INITIAL_BYTES, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
+    POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
     PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip
 

@@ -182,6 +182,9 @@ sys.path.insert(0, {str(REPO_ROOT)!r})
 from tests import fake_pb_utils
 installer = fake_pb_utils.installed()
 pb_utils = next(installer)
+from pathlib import Path
+import tidepool.pool.ledger
+tidepool.pool.ledger.SHM_DIRECTORY = Path({str(tmp_path)!r})  # this test's own node ledger
 from tidepool.runtime.model import TritonPythonModel
 TritonPythonModel().initialize(json.loads({json.dumps(args)!r}))
 print(json.dumps({{"variable": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),

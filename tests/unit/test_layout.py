@@ -19,7 +19,9 @@ PROFILES = Path(__file__).parent / "profiles"
 # the stub's closure (pool, spec, runtime) imports nothing of the offline tools or the launcher.
 ALLOWED = {
     "errors": set(),
-    "pool": {"errors"},
+    # pool: its node ledger reads the machine's memory (machine), sizes as typed (spec) and whose
+    # processes still run (processes).
+    "pool": {"errors", "spec", "machine", "processes"},
     "spec": {"errors"},
     # parameters: the table of backend parameters, which the runtime reads and the planner writes.
     "parameters": {"errors", "spec"},

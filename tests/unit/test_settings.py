@@ -4,6 +4,7 @@ that every instance of a process shares, reported as the process has them."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -53,9 +54,15 @@ def test_a_placement_that_cannot_be_met_is_refused_with_the_reason(parameter, pl
 
 
 def test_placement_is_read_from_the_initialize_args():
-    args = {"model_instance_kind": "GPU", "model_instance_device_id": "2"}
-    assert Placement.from_triton_args(args) == Placement("GPU", 2)
-    assert Placement.from_triton_args({}) == Placement(None, 0)
+    args = {
+        "model_instance_kind": "GPU",
+        "model_instance_device_id": "2",
+        "model_name": "encoder",
+        "model_instance_name": "encoder_0_0",
+    }
+    parent = os.getppid()  # a stub's parent is the server whose ledger its pools share
+    assert Placement.from_triton_args(args) == Placement("GPU", 2, "encoder", "encoder_0_0", parent)
+    assert Placement.from_triton_args({}) == Placement(None, 0, server_pid=parent)
 
 
 def test_the_settings_record_the_device_index_of_a_gpu_instance():

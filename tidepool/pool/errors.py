@@ -28,12 +28,15 @@ class OutOfMemory(PoolError, MemoryError):
         limit: int | None,
         largest_free_block: int,
         cause: str = "the pool's limit would be exceeded",
+        node_budget: bool = False,
     ) -> None:
         self.requested = requested
         self.allocated = allocated
         self.reserved = reserved
         self.limit = limit
         self.largest_free_block = largest_free_block
+        self.cause = cause
+        self.node_budget = node_budget  # refused by the node's shared budget, not the pool's limit
         super().__init__(
             f"out of memory: {cause}: requested {requested} bytes ({_mib(requested)}), "
             f"allocated {_mib(allocated)}, reserved {_mib(reserved)}, limit {_mib(limit)}, "

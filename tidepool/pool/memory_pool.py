@@ -23,8 +23,10 @@ from tidepool.pool.arena import (
 )
 from tidepool.pool.block import Block
 from tidepool.pool.errors import OutOfMemory, PoolError
+from tidepool.pool.ledger import BudgetDenied, LedgerEntry
 from tidepool.pool.resources import make_resource
 from tidepool.pool.resources.base import MemoryResource
+from tidepool.pool.resources.budgeted import BudgetedResource
 from tidepool.pool.scope import ExecutionScope, ThreadState
 from tidepool.pool.slab import Slab
 from tidepool.pool.stats import PoolStats
@@ -40,7 +42,9 @@ class MemoryPool:
 
     kind: "auto" (CUDA when a driver and device are present, else host), "host", "pinned",
     "cuda". limit_bytes caps reserved memory; initial_bytes is reserved at creation;
-    fragmentation_threshold triggers recycling and trimming at the end of an execution."""
+    fragmentation_threshold triggers recycling and trimming at the end of an execution. With a
+    `budget` (a node ledger entry, see ledger.py) every upstream allocation is also counted against
+    the node's budget, and `answer_trim` gives back what the pool holds above its floor."""
 
     def __init__(
         self,
@@ -51,6 +55,7 @@ class MemoryPool:
         arena_bytes: int = DEFAULT_ARENA_BYTES,
         fragmentation_threshold: float = DEFAULT_FRAGMENTATION_THRESHOLD,
         resource: MemoryResource | None = None,
+        budget: LedgerEntry | None = None,
     ) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise PoolError(f"limit_bytes must be positive, got {limit_bytes}")
@@ -60,6 +65,9 @@ class MemoryPool:
             resource, self.kind_reason = make_resource(kind, device, limit_bytes)
         else:
             self.kind_reason = f"given resource {type(resource).__name__}"
+        self.budget = budget
+        if budget is not None:
+            resource = BudgetedResource(resource, budget)
         self.resource = resource
         self.kind: str = resource.kind
         self.device = resource.device
@@ -86,10 +94,11 @@ class MemoryPool:
         self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
         self._num_allocs = self._num_frees = self._free_list_hits = self._held_hits = 0
         self._upstream_allocs = self._upstream_frees = self._num_ooms = 0
+        self._budget_trims = self._budget_denials = 0
         self.initial_bytes = initial_bytes
         if initial_bytes > 0:
             with self._lock:
-                self._add_arena(next_power_of_two(max(initial_bytes, SLAB_SIZE)), None, small=False)
+                self._add_arena(self.initial_arena_bytes(initial_bytes), None, small=False)
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -247,11 +256,17 @@ class MemoryPool:
             size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 size = need  # the smallest arena that serves this request
+            if self.budget is not None and size > need and size > self.budget.available():
+                size = need  # rather than ask other pools to trim for room this request does not need
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 cause = "the pool's limit would be exceeded"
                 continue
             try:
                 self._add_arena(size, stream, small)
+            except BudgetDenied as exc:
+                self._budget_denials += 1
+                cause = str(exc)
+                continue
             except MemoryError as exc:
                 cause = f"upstream {self.kind} memory refused {size} bytes ({exc})"
                 continue
@@ -269,6 +284,7 @@ class MemoryPool:
             limit=self.limit_bytes,
             largest_free_block=self._largest_free_block(),
             cause=cause,
+            node_budget=self.budget is not None and cause.startswith("the node's"),
         )
 
     def _add_arena(self, size: int, stream: Any, small: bool) -> None:
@@ -381,6 +397,9 @@ class MemoryPool:
                 num_ooms=self._num_ooms,
                 num_arenas=len(self._arenas),
                 live_blocks=self._num_allocs - self._num_frees,
+                floor_bytes=self.budget.floor if self.budget is not None else 0,
+                budget_trims=self._budget_trims,
+                budget_denials=self._budget_denials,
             )
 
     def reset_peak(self) -> None:
@@ -397,6 +416,28 @@ class MemoryPool:
             released = self._release_empty_arenas(keep_bytes)
             self.resource.trim(keep_bytes)
             return released
+
+    def answer_trim(self) -> int:
+        """Where another pool of the node asked for memory: give back what this pool holds above
+        its floor (cached blocks and empty arenas); returns the bytes given back. Cheap when
+        nobody asked: one read of this pool's ledger row."""
+        if self.budget is None or not self.budget.trim_wanted():
+            return 0
+        released = self.trim(keep_bytes=self.budget.floor)
+        self.budget.answered()
+        with self._lock:
+            self._budget_trims += 1
+        return released
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of blocks in use now (a read without the lock, for the ledger's figures)."""
+        return self._allocated
+
+    @staticmethod
+    def initial_arena_bytes(initial_bytes: int) -> int:
+        """What a pool created with `initial_bytes` reserves at once: its floor."""
+        return next_power_of_two(max(initial_bytes, SLAB_SIZE)) if initial_bytes > 0 else 0
 
     @property
     def closed(self) -> bool:

@@ -22,6 +22,10 @@ class PoolStats:
     num_ooms: int
     num_arenas: int
     live_blocks: int
+    # The node budget (ledger.py); zero for a pool outside one.
+    floor_bytes: int = 0  # what the pool never lends
+    budget_trims: int = 0  # trim requests of other pools this one answered
+    budget_denials: int = 0  # reservations the node budget refused this pool
 
     @property
     def free_bytes(self) -> int:

@@ -15,8 +15,10 @@ import torch
 from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import usable_cores
-from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype
+from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype, trim_watch
+from tidepool.pool.budget import tier_of
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
+from tidepool.pool.ledger import NodeLedger
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
 from tidepool.runtime.cores import CoreShare
 from tidepool.runtime.graph import freeze
@@ -84,7 +86,13 @@ class Execution:
 
 
 class ModelInstance:
-    def __init__(self, model: ModelSpec, module: torch.nn.Module, settings: InstanceSettings):
+    def __init__(
+        self,
+        model: ModelSpec,
+        module: torch.nn.Module,
+        settings: InstanceSettings,
+        placement: Placement | None = None,
+    ):
         self.model = model
         self.settings = settings
         self.device = torch.device(settings.device)
@@ -104,6 +112,8 @@ class ModelInstance:
             if settings.elastic_threads
             else None
         )
+        self.placement = placement or Placement()
+        self.budget_notes: list[str] = []  # the node budget, where this instance's pool chose it
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
         self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
@@ -124,17 +134,45 @@ class ModelInstance:
         kind = s.pool_kind
         if kind == "auto":
             kind = "cuda" if s.on_gpu else "host"
-        self.pool = MemoryPool(
-            kind,
-            device=s.device_index,
-            limit_bytes=s.pool_limit_bytes,
-            initial_bytes=s.pool_initial_bytes,
-            fragmentation_threshold=s.pool_fragmentation_threshold,
-        )
+        self.pool = self._new_pool(kind, s.pool_initial_bytes)
         self.staging = self.pool
         if self.pool.kind == "cuda":
-            self.staging = MemoryPool("pinned", device=s.device_index, limit_bytes=s.pool_limit_bytes)
+            self.staging = self._new_pool("pinned", 0)
         self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
+
+    def _new_pool(self, kind: str, initial_bytes: int) -> MemoryPool:
+        """A pool of this instance; inside a server, one that reserves from the node's ledger for
+        its tier (its floor: what `initial_bytes` reserves) and answers its trim requests."""
+        s = self.settings
+        entry = None
+        if s.node_budget and self.placement.server_pid is not None:
+            ledger = NodeLedger.attach(tier_of(kind, s.device_index), self.placement.server_pid)
+            if ledger.created:
+                self.budget_notes.append(f"node {ledger.tier} budget {ledger.budget / 2**30:.2f} GiB "
+                                         f"({ledger.budget_why})")  # fmt: skip
+            floor = MemoryPool.initial_arena_bytes(initial_bytes)
+            try:
+                entry = ledger.join(self.placement.model_name, self.placement.instance_name, floor)
+            except BaseException:
+                ledger.close()
+                raise
+        try:
+            pool = MemoryPool(
+                kind,
+                device=s.device_index,
+                limit_bytes=s.pool_limit_bytes,
+                initial_bytes=initial_bytes,
+                fragmentation_threshold=s.pool_fragmentation_threshold,
+                budget=entry,
+            )
+        except BaseException:
+            if entry is not None:
+                entry.leave()
+                entry.ledger.close()
+            raise
+        if entry is not None:
+            trim_watch.watch(pool)
+        return pool
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module traced at batch 2 (1 where that is all it takes) and frozen, checked at batch 1 and
@@ -160,9 +198,14 @@ class ModelInstance:
     ) -> ModelInstance:
         model = parse_model_config(model_config)
         settings = InstanceSettings.from_spec(model, placement or Placement(), cuda_available)
-        instance = cls(model, load_model(model_dir, model), settings)
+        instance = cls(model, load_model(model_dir, model), settings, placement)
         instance.warm_up()
         return instance
+
+    @property
+    def ledgers(self) -> list[NodeLedger]:
+        """The node ledgers this instance's pools reserve from (none outside a server)."""
+        return [pool.budget.ledger for pool in self.pools if pool.budget is not None]
 
     @property
     def process(self) -> ProcessState:
@@ -172,7 +215,8 @@ class ModelInstance:
     def describe(self) -> str:
         """One line for the log: where the instance runs, its pool, the process's settings."""
         pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
-        notes = [*self.settings.notes, *self.process_notes, *self.graph_notes, *self.warmup_notes]
+        notes = [*self.settings.notes, *self.process_notes, *self.graph_notes, *self.warmup_notes,
+                 *self.budget_notes]  # fmt: skip
         if self.settings.plan_generation:
             notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
         share = self.core_share
@@ -207,6 +251,9 @@ class ModelInstance:
                         f"warm-up skipped batch size {size}: it does not fit POOL_LIMIT_BYTES"
                     )
                     break
+                if isinstance(result, RequestError) and "node's memory budget" in str(result):
+                    self.warmup_notes.append(f"warm-up skipped batch size {size}: {result}")
+                    break
                 if isinstance(result, RequestError):
                     raise ModelLoadError(f"warm-up at batch size {size} failed: {result}")
                 self.warmup_rounds[size] = round_number
@@ -227,7 +274,10 @@ class ModelInstance:
         if self.core_share is not None:
             self.core_share.leave()
         for pool in self.pools:
+            trim_watch.unwatch(pool)
             pool.close()
+            if pool.budget is not None:
+                pool.budget.ledger.close()
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -235,6 +285,8 @@ class ModelInstance:
         """Answer every request, in order: its outputs, or the RequestError that it alone gets.
         The previous execution's blocks go back first: one execution at a time per instance."""
         self.release()
+        for pool in self.pools:
+            pool.answer_trim()  # another model's pool asked for what this one lends
         faults_before = minor_page_faults()
         scopes = [pool.begin_execution() for pool in self.pools]
         execution = Execution(results=[], scopes=scopes)
@@ -252,6 +304,9 @@ class ModelInstance:
             for scope in scopes:
                 scope.stop_collecting()
         execution.page_faults = minor_page_faults() - faults_before
+        for pool in self.pools:
+            if pool.budget is not None:
+                pool.budget.set_in_use(pool.allocated_bytes)
         self._held = execution
         return execution
 
@@ -326,6 +381,13 @@ class ModelInstance:
     def _does_not_fit(self, error: Exception, rows: int) -> RequestError:
         """A request that alone does not fit: retrying it cannot help where the pool's limit is
         the cause; the device's own memory may free up."""
+        if isinstance(error, OutOfMemory) and error.node_budget:
+            # UNAVAILABLE: the memory may come back once other models' pools trim (2.51 has no
+            # RESOURCE_EXHAUSTED to say so).
+            return RequestError(
+                f"this request ({rows} row(s)) does not fit the node's memory budget now: {error.cause}",
+                code="UNAVAILABLE",
+            )
         if isinstance(error, OutOfMemory):
             return RequestError(
                 f"this request ({rows} row(s)) does not fit the model instance's memory pool: it needs "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidepool.pool import MemoryPool, PoolStats
+from tidepool.pool.ledger import NodeLedger
 
 BATCH_SIZE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -24,10 +25,19 @@ GAUGES = {
         "Allocations served from memory the pool held / allocations",
     ),
     "tidepool_pool_fragmentation": ("fragmentation", "1 - largest free block / free bytes of the pool"),
+    "tidepool_pool_floor_bytes": ("floor_bytes", "Bytes the pool never lends to the node's other pools"),
 }
 COUNTERS = {
     "tidepool_pool_upstream_allocs_total": ("upstream_allocs", "Allocations the pool asked upstream for"),
     "tidepool_pool_ooms_total": ("num_ooms", "Allocations the pool refused at its limit"),
+    "tidepool_budget_trims_total": ("budget_trims", "Trim requests of the node's other pools it answered"),
+    "tidepool_budget_denials_total": ("budget_denials", "Reservations the node's memory budget refused it"),
+}
+# The node's budget and what its whole ledger holds, per tier: every instance reports the same
+# figures under its own labels (take the max across instances), read after each execution.
+NODE_GAUGES = {
+    "tidepool_node_budget_bytes": "The memory budget the server's pools share, per tier",
+    "tidepool_node_reserved_bytes": "Bytes every pool of the server holds together, per tier",
 }
 
 
@@ -74,17 +84,20 @@ class InstanceMetrics:
 
     @classmethod
     def create(
-        cls, pb_utils: Any, model: str, instance: str, elastic: bool = False
+        cls, pb_utils: Any, model: str, instance: str, elastic: bool = False, tiers: Sequence[str] = ()
     ) -> tuple[InstanceMetrics | None, str]:
         """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
         `--allow-metrics=false`, and then refuses to create metric families). `elastic`: also the
-        torch threads of each forward pass and the time passes waited for a core."""
+        torch threads of each forward pass and the time passes waited for a core. `tiers`: the node
+        ledgers the instance's pools reserve from."""
         try:
-            return cls(pb_utils, model, instance, elastic), "custom metrics on"
+            return cls(pb_utils, model, instance, elastic, tiers), "custom metrics on"
         except Exception as exc:  # the stub raises TritonModelException; its type is not importable
             return None, f"custom metrics off (the server refused them: {exc})"
 
-    def __init__(self, pb_utils: Any, model: str, instance: str, elastic: bool = False) -> None:
+    def __init__(
+        self, pb_utils: Any, model: str, instance: str, elastic: bool = False, tiers: Sequence[str] = ()
+    ) -> None:
         family = pb_utils.MetricFamily
         labels = {"model": model, "instance": instance}
         # Triton deletes a family's metrics with the family: keep every family alive here.
@@ -115,6 +128,13 @@ class InstanceMetrics:
         self.elastic_threads: Any = others.get(ELASTIC_THREADS)
         self.elastic_wait_us: Any = others.get(ELASTIC_WAIT)
         self.walked_at = -FRAGMENTATION_INTERVAL_S
+        self.node: dict[str, list[Any]] = {}  # tier -> [budget gauge, reserved gauge]
+        if tiers:
+            for name, text in NODE_GAUGES.items():
+                self.families[name] = family(name=name, description=text, kind=family.GAUGE)
+            for tier in tiers:
+                tier_labels = {**labels, "tier": tier}
+                self.node[tier] = [self.families[name].Metric(labels=tier_labels) for name in NODE_GAUGES]
 
     def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
         """After an execution: its batch sizes, page faults and the pool's figures."""
@@ -127,6 +147,19 @@ class InstanceMetrics:
             if walk:
                 self.walked_at = now
             self.record_pool(pool.stats(walk_arenas=walk))
+
+    def record_node(self, ledgers: Sequence[NodeLedger]) -> None:
+        """The node budget and the whole ledger's reserved bytes of each tier, where they changed."""
+        for ledger in ledgers:
+            gauges = self.node.get(ledger.tier)
+            if gauges is None:
+                continue
+            values = (ledger.budget, ledger.reserved_total())
+            for name, gauge, value in zip(NODE_GAUGES, gauges, values, strict=True):
+                key = f"{name} {ledger.tier}"
+                if self.last.get(key) != value:
+                    gauge.set(value)
+                    self.last[key] = value
 
     def record_elastic(self, threads: int, waited_ns: int) -> None:
         """After an elastic instance's execution: the threads it ran with and how long it waited."""

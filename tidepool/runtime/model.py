@@ -72,11 +72,19 @@ class TritonPythonModel:
         self.instance = at_lower_priority(load, niceness)
         if niceness:
             notes.append(f"loaded at nice +{niceness}")
+        ledgers = self.instance.ledgers
         self.metrics, metrics_note = InstanceMetrics.create(
-            pb_utils, args["model_name"], args["model_instance_name"], self.instance.core_share is not None
+            pb_utils,
+            args["model_name"],
+            args["model_instance_name"],
+            self.instance.core_share is not None,
+            tiers=[ledger.tier for ledger in ledgers],
         )
         if self.metrics is not None:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
+            self.metrics.record_node(ledgers)
+            if self.instance.pool is not None:
+                self.metrics.record_pool(self.instance.pool.stats())
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
             + "".join(f"; {note}" for note in notes if note)
@@ -88,6 +96,7 @@ class TritonPythonModel:
         responses = responses_for(execution)
         if self.metrics is not None:
             self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
+            self.metrics.record_node(self.instance.ledgers)
             if self.instance.core_share is not None:
                 self.metrics.record_elastic(execution.torch_threads, self.instance.core_share.last_wait_ns)
         return responses

@@ -3,6 +3,7 @@ Triton placed it (the kind and device of its instance group)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +17,25 @@ from tidepool.spec import ConfigError, ModelSpec
 @dataclass(frozen=True)
 class Placement:
     """Where Triton put this instance: `kind` is Triton's instance kind ("CPU", "GPU", "MODEL"),
-    or None outside Triton (the profiler, tests); `device_id` is the GPU it was given."""
+    or None outside Triton (the profiler, tests); `device_id` is the GPU it was given. Inside a
+    server its pools share the node's memory budget with the server's other instances (the ledger of
+    `server_pid`); outside one (server_pid None) they keep to their own limits."""
 
     kind: str | None = None
     device_id: int = 0
+    model_name: str = ""
+    instance_name: str = ""
+    server_pid: int | None = None
 
     @classmethod
     def from_triton_args(cls, args: dict[str, Any]) -> Placement:
         kind = args.get("model_instance_kind") or None
         return cls(
-            kind=kind.upper() if kind else None, device_id=int(args.get("model_instance_device_id") or 0)
+            kind=kind.upper() if kind else None,
+            device_id=int(args.get("model_instance_device_id") or 0),
+            model_name=str(args.get("model_name", "")),
+            instance_name=str(args.get("model_instance_name", "")),
+            server_pid=os.getppid(),  # a Python stub is a child of tritonserver
         )
 
 
@@ -93,6 +103,7 @@ class InstanceSettings:
     pool_initial_bytes: int
     pool_fragmentation_threshold: float
     pool_retain_heap: bool  # keep torch's own freed CPU memory for the next execution
+    node_budget: bool  # count the pool against the server's shared budget (NODE_BUDGET)
     warmup_batch_sizes: tuple[int, ...]
     notes: tuple[str, ...] = ()  # what was adjusted at load, for the log
     # Set by `tidepool plan --from-server --apply` on each config it loads: which one, and why.
@@ -146,6 +157,7 @@ class InstanceSettings:
             pool_initial_bytes=param.POOL_INITIAL_BYTES.read(given),
             pool_fragmentation_threshold=param.POOL_FRAGMENTATION_THRESHOLD.read(given),
             pool_retain_heap=param.POOL_RETAIN_HEAP.read(given),
+            node_budget=param.NODE_BUDGET.read(given),
             warmup_batch_sizes=sizes,
             notes=tuple(notes),
             plan_generation=param.PLAN_GENERATION.read(given),

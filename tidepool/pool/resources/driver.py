@@ -82,3 +82,10 @@ def primary_context(device: int) -> Any:
 def make_current(context: Any) -> None:
     """Make `context` current on the calling thread (cheap; a driver call needs one current)."""
     check(bindings().cuCtxSetCurrent(context))
+
+
+def device_total_bytes(device: int) -> int:
+    """The device's memory, for the default CUDA tier budget of the node ledger."""
+    require_cuda(device)
+    driver = bindings()
+    return int(check(driver.cuDeviceTotalMem(check(driver.cuDeviceGet(device)))))
