@@ -80,9 +80,10 @@ def _serve(args: argparse.Namespace) -> int:
     from tidepool.launcher.server import ServerConfig
     from tidepool.pool.budget import BUDGET_VARIABLE, budget_for, format_budget, parse_budget
 
+    environment = {}
     if args.memory_budget:
-        os.environ[BUDGET_VARIABLE] = format_budget(parse_budget(args.memory_budget, "--memory-budget"))
-    host = budget_for("host")
+        environment[BUDGET_VARIABLE] = format_budget(parse_budget(args.memory_budget, "--memory-budget"))
+    host = budget_for("host", {**os.environ, **environment})
     print(f"tidepool: node memory budget host={host.nbytes / 2**30:.2f}GiB ({host.why})", file=sys.stderr)
     return serve(
         ServerConfig(
@@ -97,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
             grace_s=args.grace_s,
             model_control=args.model_control,
             rate_limit=args.rate_limit,
+            environment=environment,
         )
     )
 

@@ -83,15 +83,16 @@ def test_an_idle_pool_lends_what_it_holds_above_its_floor(tmp_path):
     with first.execution():
         first.allocate(10 * MiB)  # grows a 16 MiB arena: 20 MiB reserved by a, 24 in all
     assert ledger.reserved_total() == 24 * MiB
-    trim_watch.watch(first)  # a's background check answers while b waits
+    trim_watch.watch(first.answer_trim)  # a's background check answers while b waits
     try:
         with second.execution():
             second.allocate(10 * MiB)
     finally:
-        trim_watch.unwatch(first)
-    assert first.stats().reserved_bytes == 4 * MiB  # its floor stays
-    assert ledger.reserved_total() == 24 * MiB <= ledger.budget
-    assert first.stats().budget_trims == 1 and ledger.trims >= 1
+        trim_watch.unwatch(first.answer_trim)
+    figures = (first.stats(), second.stats(), ledger.snapshot(), ledger.trims)
+    assert first.stats().reserved_bytes == 4 * MiB, figures  # its floor stays
+    assert ledger.reserved_total() == 24 * MiB <= ledger.budget, figures
+    assert first.stats().budget_trims == 1 and ledger.trims >= 1, figures
 
 
 def test_a_busy_pool_answers_at_its_next_execution(tmp_path):

@@ -85,6 +85,9 @@ class ServerConfig:
     # repository, the backend directory, the addresses and ports (and model control where asked):
     # none of the launcher's own flags (rate limiter, shared-memory prefix, exit timeout, log level).
     plain: bool = False
+    # Variables set for the server and its stubs over this process's own, e.g. the node memory
+    # budget (TIDEPOOL_MEMORY_BUDGET, which `tidepool serve --memory-budget` sets).
+    environment: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def on_free_ports(cls, model_repository: Path, **settings: Any) -> ServerConfig:
@@ -188,7 +191,7 @@ class TritonServer:
             backend_dir = build_backend_directory(files, Path(self._workdir.name))
         self.process = subprocess.Popen(
             self.command(backend_dir),
-            env=server_environment(files.library_dirs),
+            env={**server_environment(files.library_dirs), **c.environment},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

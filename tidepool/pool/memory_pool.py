@@ -421,7 +421,7 @@ class MemoryPool:
         """Where another pool of the node asked for memory: give back what this pool holds above
         its floor (cached blocks and empty arenas); returns the bytes given back. Cheap when
         nobody asked: one read of this pool's ledger row."""
-        if self.budget is None or not self.budget.trim_wanted():
+        if self.budget is None or not self.budget.trim_wanted() or self._closed:
             return 0
         released = self.trim(keep_bytes=self.budget.floor)
         self.budget.answered()

@@ -5,6 +5,7 @@ request its outputs or its error. The pool lives as long as the instance."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,8 +118,12 @@ class ModelInstance:
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
         self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
+        # One execution at a time, or one answer to another pool's trim request (`answer_trim`).
+        self._lock = threading.Lock()
         if settings.pool_enabled:
             self._create_pools()
+            if any(pool.budget is not None for pool in self.pools):
+                trim_watch.watch(self.answer_trim)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
         self.module = apply_precision(module, settings.precision).to(self.device)
@@ -170,8 +175,6 @@ class ModelInstance:
                 entry.leave()
                 entry.ledger.close()
             raise
-        if entry is not None:
-            trim_watch.watch(pool)
         return pool
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -269,12 +272,27 @@ class ModelInstance:
             self._held.release()
             self._held = None
 
+    def answer_trim(self) -> None:
+        """From the background check: where another model's pool asked for memory and this
+        instance is idle, give back its last execution's blocks (views the stub may still read
+        keep theirs) and trim its pools to their floors. A busy one answers at its next execution."""
+        if not any(pool.budget is not None and pool.budget.trim_wanted() for pool in self.pools):
+            return
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self.release()
+            for pool in self.pools:
+                pool.answer_trim()
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
+        trim_watch.unwatch(self.answer_trim)
         self.release()
         if self.core_share is not None:
             self.core_share.leave()
         for pool in self.pools:
-            trim_watch.unwatch(pool)
             pool.close()
             if pool.budget is not None:
                 pool.budget.ledger.close()
@@ -284,6 +302,10 @@ class ModelInstance:
     def execute(self, requests: Requests) -> Execution:
         """Answer every request, in order: its outputs, or the RequestError that it alone gets.
         The previous execution's blocks go back first: one execution at a time per instance."""
+        with self._lock:
+            return self._execute_locked(requests)
+
+    def _execute_locked(self, requests: Requests) -> Execution:
         self.release()
         for pool in self.pools:
             pool.answer_trim()  # another model's pool asked for what this one lends
