@@ -81,6 +81,7 @@ class FakeDriver:
         self.host_allocations: dict[int, Any] = {}  # ptr -> the ctypes buffer that owns it
         self.calls_without_context: list[str] = []
         self.freed_host: list[Any] = []  # kept, poisoned, so that a use after free reads 0xDD
+        self.trims: list[tuple[int, int]] = []  # (pool, bytes kept) of each cuMemPoolTrimTo
 
     # -- devices and contexts --------------------------------------------------------------
 
@@ -98,6 +99,9 @@ class FakeDriver:
 
     def cuDeviceGetName(self, length, device):  # noqa: N802
         return CUresult.CUDA_SUCCESS, b"Fake GPU\0\0"
+
+    def cuDeviceTotalMem(self, device):  # noqa: N802
+        return CUresult.CUDA_SUCCESS, self.device_bytes
 
     def cuGetErrorName(self, error):  # noqa: N802
         return CUresult.CUDA_SUCCESS, CUresult(error).name.encode()
@@ -162,7 +166,10 @@ class FakeDriver:
         return (CUresult.CUDA_SUCCESS,)
 
     def cuMemPoolTrimTo(self, pool, keep):  # noqa: N802
-        return (self._needs_context("cuMemPoolTrimTo") or CUresult.CUDA_SUCCESS,)
+        if error := self._needs_context("cuMemPoolTrimTo"):
+            return (error,)
+        self.trims.append((pool, keep))
+        return (CUresult.CUDA_SUCCESS,)
 
     def cuMemPoolDestroy(self, pool):  # noqa: N802
         if error := self._needs_context("cuMemPoolDestroy"):

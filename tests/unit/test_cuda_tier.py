@@ -208,3 +208,27 @@ def test_a_device_block_freed_on_one_stream_is_not_handed_to_another(fake_driver
         assert pool.allocate(1 * MiB, stream=7).ptr == first.ptr  # same stream: reused at once
         other = pool.allocate(1 * MiB, stream=9)
         assert other.ptr != first.ptr  # another stream: its work may still be queued on the first
+
+
+def test_a_budgeted_device_pool_reserves_from_its_devices_ledger_and_trims_what_it_gives_back(
+    fake_driver, tmp_path
+):
+    from tidepool.pool.budget import budget_for
+    from tidepool.pool.ledger import NodeLedger
+
+    fake = fake_driver()
+    default = budget_for("cuda:0", {})
+    assert default.nbytes == int(fake.device_bytes * 0.8) and "cuda:0's memory" in default.why
+    ledger = NodeLedger.attach("cuda:0", 4_000_000, tmp_path, budget=default)
+    pool = MemoryPool("cuda", budget=ledger.join("m", "m_0", 0), arena_bytes=32 * MiB)
+    with pool.execution():
+        pool.allocate(8 * MiB)
+    assert ledger.reserved_total() == 32 * MiB
+    [handle] = fake.pools
+    ledger._entries["trim_wanted"][pool.budget.slot] = 32 * MiB  # another device pool asked
+    assert pool.answer_trim() == 32 * MiB
+    # The driver got the arena back before the ledger counted it free: nothing cached is counted.
+    assert (handle, 0) in fake.trims and fake.pools[handle].reserved == 0
+    assert ledger.reserved_total() == 0
+    pool.close()
+    assert not ledger.path.exists()

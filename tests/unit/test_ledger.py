@@ -265,3 +265,18 @@ def test_a_pool_outside_a_budget_is_unchanged():
     pool = MemoryPool(resource=FakeResource())
     assert pool.answer_trim() == 0 and pool.stats().floor_bytes == 0
     assert pool.budget is None
+
+
+def test_a_killed_process_its_parent_has_not_reaped_counts_as_gone():
+    import subprocess
+
+    from tidepool.pool.ledger import process_start
+
+    child = subprocess.Popen(["sleep", "60"])
+    assert process_start(child.pid) is not None
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while process_start(child.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # a zombie until waited for, as a killed stub is until tritonserver reaps it
+    assert process_start(child.pid) is None
+    child.wait()

@@ -77,13 +77,15 @@ def remove_dead_ledgers(directory: Path | None = None) -> list[Path]:
 
 
 def process_start(pid: int) -> int | None:
-    """When `pid` started (clock ticks after boot), or None where no such process runs: a pid
-    reused by a new process then reads as another process."""
+    """When `pid` started (clock ticks after boot), or None where no such process runs (a zombie,
+    such as a killed stub its server has not reaped, runs no more): a pid reused by a new process
+    then reads as another process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[19])
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _mib(nbytes: int) -> str:
@@ -354,6 +356,10 @@ class LedgerEntry:
     def available(self) -> int:
         """What the budget has left now, without waiting or asking anyone (an estimate)."""
         return self.ledger.budget - self.ledger.reserved_total()
+
+    def fair_share(self) -> int:
+        """The budget split evenly among the pools there now (an estimate, read without the lock)."""
+        return self.ledger.budget // max(1, int(np.count_nonzero(self.ledger._entries["pid"])))
 
     def reserve(self, nbytes: int, wait_s: float = WAIT_S) -> None:
         self.ledger.reserve(self, nbytes, wait_s)

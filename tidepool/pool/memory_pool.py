@@ -256,8 +256,8 @@ class MemoryPool:
             size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 size = need  # the smallest arena that serves this request
-            if self.budget is not None and size > need and size > self.budget.available():
-                size = need  # rather than ask other pools to trim for room this request does not need
+            if self.budget is not None and size > need and self._beyond_share(size):
+                size = need
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 cause = "the pool's limit would be exceeded"
                 continue
@@ -274,6 +274,13 @@ class MemoryPool:
             assert taken is not None, "a fresh arena large enough always serves the request"
             return taken
         raise self._out_of_memory(nbytes, cause)
+
+    def _beyond_share(self, size: int) -> bool:
+        """Whether an arena of `size` would take more of the node budget than this pool's even
+        share, or than what is free: then the pool grows by what the request needs, so that memory
+        it would only cache stays with the budget (and no other pool is asked to trim for it)."""
+        assert self.budget is not None
+        return self._reserved + size > self.budget.fair_share() or size > self.budget.available()
 
     def _out_of_memory(self, nbytes: int, cause: str) -> OutOfMemory:
         self._num_ooms += 1

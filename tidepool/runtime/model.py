@@ -5,6 +5,7 @@ objects into numpy and back around `ModelInstance`."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,11 +81,13 @@ class TritonPythonModel:
             self.instance.core_share is not None,
             tiers=[ledger.tier for ledger in ledgers],
         )
+        # Metrics are sent from the stub's main thread after each execution, and from the background
+        # check after a trim: one at a time.
+        self.metrics_lock = threading.Lock()
         if self.metrics is not None:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
-            self.metrics.record_node(ledgers)
-            if self.instance.pool is not None:
-                self.metrics.record_pool(self.instance.pool.stats())
+            self.record_memory()
+            self.instance.on_trimmed = self.record_memory
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
             + "".join(f"; {note}" for note in notes if note)
@@ -95,11 +98,21 @@ class TritonPythonModel:
         execution = self.instance.execute(inputs)
         responses = responses_for(execution)
         if self.metrics is not None:
-            self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
-            self.metrics.record_node(self.instance.ledgers)
-            if self.instance.core_share is not None:
-                self.metrics.record_elastic(execution.torch_threads, self.instance.core_share.last_wait_ns)
+            with self.metrics_lock:
+                self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
+                self.metrics.record_node(self.instance.ledgers)
+                share = self.instance.core_share
+                if share is not None:
+                    self.metrics.record_elastic(execution.torch_threads, share.last_wait_ns)
         return responses
+
+    def record_memory(self) -> None:
+        """The pool's figures and the node ledger's, now."""
+        assert self.metrics is not None
+        with self.metrics_lock:
+            if self.instance.pool is not None:
+                self.metrics.record_pool(self.instance.pool.stats(walk_arenas=False))
+            self.metrics.record_node(self.instance.ledgers)
 
     def finalize(self) -> None:
         self.instance.close()
