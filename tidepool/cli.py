@@ -401,14 +401,25 @@ def _add_profile(commands: Any) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from tidepool.planning.plan import Budgets
-    from tidepool.planning.run import PlanSettings, gather_profiles, plan_model
+    from tidepool.planning.run import (
+        PlanSettings,
+        gather_profiles,
+        node_shares,
+        plan_model,
+        repository_models,
+        saved_profile_paths,
+    )
 
     began = time.perf_counter()
+    models = repository_models(Path(args.model_dir))
+    memory, budget_text = _memory_budget(args.memory_budget, args.device)
     settings = PlanSettings(
-        model_dir=Path(args.model_dir),
+        model_dir=models[0],
         budgets=Budgets(
-            memory_bytes=parse_bytes(args.memory_budget, "--memory-budget"),
+            memory_bytes=memory,
             latency_ms=args.latency_budget_ms,
             headroom=args.headroom,
             cores=args.cores or usable_cores(),
@@ -426,6 +437,34 @@ def _plan(args: argparse.Namespace) -> int:
         report_dir=Path(args.report_dir) if args.report_dir else None,
         write=args.write,
     )
+    if len(models) > 1:
+        if args.from_server or args.profile:
+            raise TidepoolError(
+                "a repository is planned model by model: --from-server and --profile take one model"
+            )
+        shares = node_shares(models, memory, budget_text)
+        impossible = []
+        for model in models:
+            share = shares[model]
+            print(f"== {model.name}: {share.share_bytes / 2**20:.0f} MiB of the node budget {budget_text}")
+            saved = saved_profile_paths(model)
+            if saved:
+                print(f"planning from the {len(saved)} profiles `tidepool plan --write` saved beside it")
+            one = replace(
+                settings,
+                model_dir=model,
+                saved_profiles=saved,
+                budgets=replace(settings.budgets, memory_bytes=share.share_bytes),
+                node_share=share,
+                report_dir=settings.report_dir / model.name if settings.report_dir else None,
+            )
+            outcome = plan_model(one, gather_profiles(one, say=print, progress=progress_printer), say=print,
+                                 progress=progress_printer, began=began)  # fmt: skip
+            if outcome.chosen is None:
+                impossible.append(f"{model.name}: {outcome.impossible}")
+        for reason in impossible:
+            print(f"tidepool plan: impossible: {reason}", file=sys.stderr)
+        return 2 if impossible else 0
     if args.from_server:
         from tidepool.planning.live import LiveSettings, replan_from_server
 
@@ -442,6 +481,20 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"tidepool plan: impossible: {outcome.impossible}. Nothing was written.", file=sys.stderr)
         return 2
     return 0
+
+
+def _memory_budget(text: str, device: str) -> tuple[int, str]:
+    """--memory-budget as a size ('2GiB') or per tier as the node budget is written
+    ('host=2GiB,cuda:0=10GiB'): the bytes of the tier the model runs on, and how to say it."""
+    from tidepool.pool.budget import format_budget, parse_budget
+
+    budget = parse_budget(text, "--memory-budget")
+    tier = "host" if device == "cpu" else "cuda:0"
+    if tier not in budget:
+        raise TidepoolError(
+            f"--memory-budget {text!r} names no {tier} budget, the tier --device {device} plans for"
+        )
+    return budget[tier], format_budget({tier: budget[tier]})
 
 
 def _profiles_for_live(settings: PlanSettings, live: LiveSettings) -> PlanSettings:
@@ -471,8 +524,18 @@ def _add_plan(commands: Any) -> None:
     from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S
 
     plan = commands.add_parser("plan", help="choose batcher settings from a profile and budgets")
-    plan.add_argument("model_dir")
-    plan.add_argument("--memory-budget", required=True, help="e.g. 2GiB")
+    plan.add_argument(
+        "model_dir",
+        metavar="MODEL_DIR",
+        help="a model directory, or a repository: every model in it, planned together",
+    )
+    plan.add_argument(
+        "--memory-budget",
+        required=True,
+        metavar="SIZE",
+        help="e.g. 2GiB, or host=2GiB,cuda:0=10GiB; for a repository, the node budget its models share "
+        "(each planned with an even share, its floors within it)",
+    )
     plan.add_argument("--latency-budget-ms", type=float, required=True)
     plan.add_argument("--headroom", type=float, default=0.8, help="share of the memory budget to use")
     plan.add_argument("--cores", type=int, help="CPU cores for instances (default: this machine's)")

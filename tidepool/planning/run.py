@@ -14,6 +14,7 @@ from tidepool.planning.candidates import candidates, precisions_to_try, thread_s
 from tidepool.planning.config_writer import write_plan
 from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan, PlanError
 from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT, Profile
+from tidepool.pool import MemoryPool
 
 Say = Callable[[str], None]
 
@@ -80,6 +81,60 @@ class PlanSettings:
     window_s: float = VERIFY_WINDOW_S
     report_dir: Path | None = None  # default: reports/plan-MODEL-TIME
     write: bool = False
+    node_share: NodeShare | None = None  # planned together with the repository's other models
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """This model's part of a node memory budget that the models of one repository share: its
+    budgets' memory, and the floors (POOL_INITIAL_BYTES, which its pools never lend) fit in it."""
+
+    share_bytes: int
+    note: str  # for the config's header: the budget, who shares it, and why this share
+
+
+def repository_models(directory: Path) -> list[Path]:
+    """The model to plan: `directory` itself where it holds a config.pbtxt, else every model
+    directory in it (a repository, planned together)."""
+    if (directory / "config.pbtxt").is_file():
+        return [directory]
+    if not directory.is_dir():
+        raise PlanError(f"{directory} is not a directory")
+    models = sorted(p for p in directory.iterdir() if (p / "config.pbtxt").is_file())
+    if not models:
+        raise PlanError(f"{directory} is neither a model directory nor a repository (no config.pbtxt)")
+    return models
+
+
+def node_shares(models: Sequence[Path], budget_bytes: int, budget_text: str) -> dict[Path, NodeShare]:
+    """An even split of the node budget among the models of a repository: each is planned with its
+    share, so that whatever each plan holds at its floor, all fit beside each other."""
+    share = budget_bytes // len(models)
+    names = ", ".join(model.name for model in models)
+    return {
+        model: NodeShare(
+            share,
+            f"Node budget: {budget_text} for {len(models)} models planned together ({names}); this one's "
+            f"share {share / 2**20:.0f} MiB, an even split, holds its floors (POOL_INITIAL_BYTES, "
+            "never lent) and its memory budget above.",
+        )
+        for model in models
+    }
+
+
+def fit_floors(plan: Plan, share_bytes: int) -> None:
+    """Cap POOL_INITIAL_BYTES where the instances' floors (each the power of two a pool reserves
+    at start) would pass the model's share of the node budget; the pools borrow the rest."""
+    if plan.instance_count * MemoryPool.initial_arena_bytes(plan.pool_initial_bytes) <= share_bytes:
+        return
+    per_instance = share_bytes // plan.instance_count
+    capped = 1 << (per_instance.bit_length() - 1) if per_instance > 0 else 0
+    plan.pool_initial_bytes = capped
+    plan.reasons["pool_initial_bytes"] = (
+        plan.reasons.get("pool_initial_bytes", "")
+        + f"; capped at {capped / 2**20:.0f} MiB so that {plan.instance_count} floors fit this model's "
+        "share of the node budget (above it the pools borrow what others lend)"
+    )
 
 
 # `tidepool plan --write` keeps the profiles it planned from beside the config it writes, so that a
@@ -183,6 +238,9 @@ def plan_model(
         written = write_verification(verification, report_dir, f"{model_dir.name}: verified candidates")
         say("wrote " + ", ".join(str(p) for p in written))
         chosen, notes = top[verification.chosen], verification.header_notes()
+    if settings.node_share is not None:
+        fit_floors(chosen, settings.node_share.share_bytes)
+        notes = [*notes, settings.node_share.note]
     say(f"plan for {model_dir.name} ({chosen.label}), planned in {time.perf_counter() - began:.0f} s:")
     say(chosen.describe())
     outcome = PlanOutcome(chosen)
