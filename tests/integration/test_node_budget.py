@@ -21,6 +21,7 @@ from tidepool.clients.closed_loop import run_closed_loop
 from tidepool.clients.connection import Connection
 from tidepool.clients.metrics import scrape, values
 from tidepool.configfile import copy_model, read_config
+from tidepool.launcher.discovery import ServerError
 from tidepool.launcher.install import install_backend
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.pool.budget import BUDGET_VARIABLE
@@ -206,3 +207,12 @@ def test_plain_tritonserver_takes_the_budget_from_the_environment(repository, pe
     )  # fmt: skip
     with TritonServer(config) as server:
         take_turns(server, budget)
+
+
+def test_floors_larger_than_the_budget_stop_the_load_with_the_reason(tmp_path):
+    model_variant(TEST_MODELS / "identity", tmp_path, "identity", POOL_INITIAL_BYTES="64MiB")
+    config = ServerConfig.on_free_ports(tmp_path, environment={BUDGET_VARIABLE: "host=32MiB"})
+    with pytest.raises(ServerError) as raised:
+        TritonServer(config).start(timeout_s=120)
+    report = str(raised.value)
+    assert "node's host memory budget (32.0 MiB) is smaller than the pools' floors" in report, report

@@ -134,10 +134,11 @@ class NodeLedger:
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if not _same_file(fd, path):  # the last one out removed it while we waited
+                os.close(fd)
+                continue
+            ledger: NodeLedger | None = None
             try:
-                if not _same_file(fd, path):  # the last one out removed it while we waited
-                    os.close(fd)
-                    continue
                 fresh = os.fstat(fd).st_size < FILE_BYTES
                 if fresh:
                     os.ftruncate(fd, FILE_BYTES)
@@ -149,9 +150,14 @@ class NodeLedger:
                 elif ledger._field("version") != VERSION:
                     found = ledger._field("version")
                     raise PoolError(f"{path} has ledger version {found}, expected {VERSION}")
-                return ledger
-            finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+                return ledger
+            except BaseException:
+                if ledger is not None:
+                    ledger.close()  # closes fd, and with it the lock
+                else:
+                    os.close(fd)
+                raise
 
     @classmethod
     def open_existing(cls, path: Path) -> NodeLedger:
