@@ -76,6 +76,7 @@ def peaks(repository) -> dict[str, int]:
             burst(server, model)
             found[model] = reserved_by(ledger, model)
         ledger.close()
+    print("peaks: " + ", ".join(f"{model} {nbytes / MiB:.1f} MiB" for model, nbytes in found.items()))
     return found
 
 
@@ -127,6 +128,9 @@ def take_turns(server: TritonServer, budget: int) -> None:
     assert sum(values(samples, "tidepool_budget_trims_total")) >= 2  # each model lent at least once
     assert ledger.trims >= 2
     assert max(values(samples, "tidepool_node_budget_bytes", tier="host")) == budget
+    print(f"budget {budget / MiB:.1f} MiB: reserved at most {max(sampler.from_metrics) / MiB:.1f} MiB on "
+          f"/metrics, {max(sampler.from_ledger) / MiB:.1f} MiB in the ledger ({len(sampler.from_ledger)} "
+          f"samples); {ledger.trims} trim requests, {ledger.denials} denials")  # fmt: skip
     ledger.close()
 
 
