@@ -107,8 +107,9 @@ def server_environment(library_dirs: tuple[Path, ...] = ()) -> dict[str, str]:
 WORKDIR_PREFIX = "tidepool-backends-"
 
 
-def shm_prefix(pid: int) -> str:
-    return f"tidepool_{pid}_"
+def shm_prefix(pid: int, server: int = 0) -> str:
+    """The shared-memory names of the `server`-th server a launcher process starts."""
+    return f"tidepool_{pid}_s{server}_"
 
 
 def workdir_prefix(pid: int) -> str:

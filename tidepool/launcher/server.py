@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from tidepool.launcher.discovery import (
 )
 from tidepool.launcher.install import build_backend_directory
 from tidepool.ports import check_port_free, free_port
+from tidepool.processes import SHM_DIRECTORY
 
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s) and systemd's TimeoutStopSec (90 s).
 DEFAULT_GRACE_S = 25.0
@@ -50,6 +52,9 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arm
+
+
+_SERVER_NUMBERS = itertools.count()
 
 
 class Cancelled(ServerError):
@@ -139,6 +144,9 @@ class TritonServer:
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self._reader: threading.Thread | None = None
         self.stub_baseline: dict[str, int] = {}  # Python stub processes per model once ready
+        # Names of this server's shared-memory regions: the launcher's pid (so that a later launcher
+        # can remove them once it is gone) and which of its servers this is.
+        self.shm_prefix = shm_prefix(os.getpid(), next(_SERVER_NUMBERS))
 
     def command(self, backend_dir: Path) -> list[str]:
         c = self.config
@@ -165,7 +173,7 @@ class TritonServer:
         backend_config = list(c.backend_config)
         if not any("shm-region-prefix-name" in item for item in backend_config):
             # Regions named after this launcher, so that a later one can remove them if it is killed.
-            backend_config.append(f"python,shm-region-prefix-name={shm_prefix(os.getpid())}")
+            backend_config.append(f"python,shm-region-prefix-name={self.shm_prefix}")
         args += [f"--backend-config={item}" for item in backend_config]
         return args + c.extra_args
 
@@ -316,6 +324,22 @@ class TritonServer:
             self._workdir.cleanup()
             self._workdir = None
         return process.returncode if process else None
+
+    def kill(self) -> None:
+        """Kill the server and its stubs at once, without a drain (a throwaway server with nothing in
+        flight: unloading the models alone takes seconds), and remove the shared files it leaves."""
+        process = self.process
+        if process is not None:
+            self._kill_group(process)
+        if self._reader:
+            self._reader.join(timeout=5)
+        prefixes = [self.shm_prefix] + ([f"tidepool_{process.pid}_"] if process is not None else [])
+        for path in SHM_DIRECTORY.glob("tidepool_*") if SHM_DIRECTORY.is_dir() else ():
+            if path.name.startswith(tuple(prefixes)):
+                path.unlink(missing_ok=True)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[str]) -> None:

@@ -14,7 +14,7 @@ from tidepool.errors import TidepoolError
 
 # What `tidepool profile` measures unless told otherwise: these batch sizes, each for about this long.
 PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
-SECONDS_PER_POINT = 1.5
+SECONDS_PER_POINT = 1.0
 
 
 class ProfileFileError(TidepoolError):
