@@ -360,3 +360,23 @@ def test_a_gpu_plan_takes_two_instances_where_memory_allows_and_one_where_it_doe
     per_instance = profile.predict_bytes(roomy.max_batch_size)
     tight = plan(profile, Budgets(memory_bytes=int(per_instance * 1.5 / 0.8), latency_ms=100, cores=2))
     assert tight.instance_count == 1 and "1 instances of" in tight.reasons["instance_count"]
+
+
+def test_verification_measures_again_only_what_one_window_leaves_unclear():
+    from tidepool.clients.sweep import LevelResult
+    from tidepool.planning.verify import same_at, unclear
+
+    elastic = plan(variant("encoder", 1), BUDGETS_2_CORES)
+    shared = replace(elastic, max_batch_size=2)
+    one = plan(variant("encoder", 2), BUDGETS_2_CORES)
+    # The same but for max_batch_size: no batch of a closed loop of c clients passes c.
+    assert same_at(1, elastic, shared) and same_at(2, elastic, shared)
+    assert not same_at(4, elastic, shared) and not same_at(1, elastic, one)
+
+    def window(throughput: float, p99: float = 10.0) -> list[LevelResult]:
+        return [LevelResult("concurrency", 1, throughput, 5.0, 8.0, 9.0, p99, 100, 0, 1, True,
+                            0.0, 0.0, 0.0, 0.0, 1.0)]  # fmt: skip
+
+    assert unclear({"a": window(100), "b": window(80), "c": window(60)}, 100) == []
+    assert unclear({"a": window(100), "b": window(96), "c": window(60)}, 100) == ["a", "b"]
+    assert unclear({"a": window(100), "b": window(80, p99=120)}, 100) == ["b"]  # one stall must not rule it out
