@@ -191,6 +191,7 @@ def verify(
         try:
             url = server_config.grpc_url
             pairs = list(zip(names, candidates, strict=True))
+            by_name = dict(pairs)
             for name, candidate in pairs:
                 progress(f"warming up {candidate.label} at c={max(levels)}")
                 _closed_loop(url, name, max(levels), WARM_UP_S / 2, WARM_UP_S / 2)
@@ -198,14 +199,14 @@ def verify(
                 runs: dict[str, list[LevelResult]] = {}
                 twins: dict[str, str] = {}  # candidate -> the one measured for it at this level
                 for name, candidate in rotated(pairs, index):
-                    twin = next((n for n in runs if same_at(level, dict(pairs)[n], candidate)), None)
+                    twin = next((n for n in runs if same_at(level, by_name[n], candidate)), None)
                     if twin is not None:
                         twins[name] = twin
                         continue
                     progress(f"c={level}: {candidate.label}")
                     runs[name] = [_closed_loop(url, name, level, window_s, LEVEL_WARM_UP_S)]
                 for name in unclear(runs, budgets.latency_ms):
-                    progress(f"c={level}: {dict(pairs)[name].label} again (close to the best or over budget)")
+                    progress(f"c={level}: {by_name[name].label} again (close to the best or over budget)")
                     runs[name].append(_closed_loop(url, name, level, window_s, 0.0))
                 measured = {name: runs[twins.get(name, name)] for name in names}
                 figures += [_figures(candidate, level, measured[name], budgets) for name, candidate in pairs]
