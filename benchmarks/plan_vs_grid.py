@@ -147,15 +147,15 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
         copy_model(planned_dir, planned_dir.parent / name)
         http.client.load_model(name, config=json.dumps(config))
     confirmed = {}
-    for level, label in labels.items():
-        if label is None:
+    for level, best_label in labels.items():
+        if best_label is None:
             continue
         url = server.config.grpc_url
-        pair = {"planned": Target(url, planned_name), label: Target(url, names[label])}
+        pair = {"planned": Target(url, planned_name), best_label: Target(url, names[best_label])}
         both = in_turn(pair, [level], args.rounds, args.window_s)
-        ours, best = throughputs(both["planned"][level]), throughputs(both[label][level])
+        ours, best = throughputs(both["planned"][level]), throughputs(both[best_label][level])
         confirmed[level] = (ours, best)
-        print(f"  confirmed c={level}: planned {ours}, best grid {label} {best}", flush=True)
+        print(f"  confirmed c={level}: planned {ours}, best grid {best_label} {best}", flush=True)
     return confirmed
 
 
