@@ -381,3 +381,20 @@ def test_verification_measures_again_only_what_one_window_leaves_unclear():
     assert unclear({"a": window(100), "b": window(96), "c": window(60)}, 100) == ["a", "b"]
     # Over the p99 budget after one window: one stall must not rule a candidate out.
     assert unclear({"a": window(100), "b": window(80, p99=120)}, 100) == ["b"]
+
+
+def test_at_equal_throughput_verification_prefers_the_lower_tail():
+    from tidepool.planning.verify import THROUGHPUT_TIE, LevelFigures, choose
+
+    fast, calm = (plan(variant("encoder", threads), BUDGETS_2_CORES) for threads in (2, 1))
+
+    def measured(calm_rate: float) -> list[LevelFigures]:
+        """`fast` serves 100/s at a p99 of 30 ms at both levels; `calm` `calm_rate` at 15 ms."""
+        return [
+            LevelFigures(p.label, level, rate, 0.0, p99, 0, 1.0, True)
+            for level in (1, 4)
+            for p, rate, p99 in ((fast, 100.0, 30.0), (calm, calm_rate, 15.0))
+        ]
+
+    assert choose([fast, calm], measured(100 * (1 - THROUGHPUT_TIE / 2))) == 1  # within the noise: the tail
+    assert choose([fast, calm], measured(100 * (1 - 2 * THROUGHPUT_TIE))) == 0  # clearly slower: throughput

@@ -92,25 +92,54 @@ class Verification:
             f"Verified on a real server (tritonserver without --rate-limit, as started by hand) in "
             f"{self.seconds:.0f} s: {cells}.",
             f"Chosen over: {others} (meets the p99 budget at the most levels, then the best throughput "
-            "at its worst level against the best there).",
+            f"at its worst level against the best there; within {THROUGHPUT_TIE:.0%} of that, the lowest "
+            "p99).",
         ]
+
+
+# Worst-level throughputs this close are equal as far as one verification can tell (a window's
+# run-to-run noise on these machines is 10-15%; the two-window mean halves little of it): between
+# such candidates the lower tail decides.
+THROUGHPUT_TIE = 0.05
 
 
 def choose(candidates: Sequence[Plan], figures: Sequence[LevelFigures]) -> int:
     """Most levels within the p99 budget; then the best worst level (throughput / the best seen at
-    that level), then the best mean of those. The worst level, because a config is judged at every
-    load: one that is 0.7 of the best at concurrency 1 loses to one that is 0.9 everywhere, even
-    where the first's mean is higher."""
+    that level); among those within THROUGHPUT_TIE of the best worst level, the lowest tail (p99 /
+    the lowest p99 seen at each level, averaged over the levels); then the best worst level again.
+    The worst level, because a config is judged at every load: one that is 0.7 of the best at
+    concurrency 1 loses to one that is 0.9 everywhere, even where the first's mean is higher. The
+    tail, because users choose on both: at equal throughput the lower p99 serves them better."""
     best: dict[int, float] = {}
+    lowest_p99: dict[int, float] = {}
     for f in figures:
         best[f.concurrency] = max(best.get(f.concurrency, 0.0), f.throughput)
+        lowest_p99[f.concurrency] = min(lowest_p99.get(f.concurrency, f.p99_ms), f.p99_ms)
 
-    def score(index: int) -> tuple[int, float, float]:
-        own = [f for f in figures if f.candidate == candidates[index].label]
-        relative = [f.throughput / best[f.concurrency] if best[f.concurrency] else 0.0 for f in own]
-        return sum(f.meets_budget for f in own), min(relative, default=0.0), sum(relative) / max(1, len(own))
+    def own(index: int) -> list[LevelFigures]:
+        return [f for f in figures if f.candidate == candidates[index].label]
 
-    return max(range(len(candidates)), key=score)
+    def in_budget(index: int) -> int:
+        return sum(f.meets_budget for f in own(index))
+
+    def worst(index: int) -> float:
+        return min(
+            (f.throughput / best[f.concurrency] if best[f.concurrency] else 0.0 for f in own(index)),
+            default=0.0,
+        )
+
+    def tail(index: int) -> float:
+        ratios = [
+            f.p99_ms / lowest_p99[f.concurrency] if lowest_p99[f.concurrency] > 0 else 1.0 for f in own(index)
+        ]
+        return sum(ratios) / max(1, len(ratios))
+
+    indices = range(len(candidates))
+    most = max(in_budget(i) for i in indices)
+    eligible = [i for i in indices if in_budget(i) == most]
+    top = max(worst(i) for i in eligible)
+    tied = [i for i in eligible if worst(i) >= top - THROUGHPUT_TIE]
+    return min(tied, key=lambda i: (tail(i), -worst(i)))
 
 
 def _closed_loop(url: str, name: str, level: int, window_s: float, warmup_s: float) -> LevelResult:
