@@ -248,7 +248,7 @@ class MemoryPool:
         """Reserve a new arena (trimming empty ones first if that is what it takes)."""
         small = capacity <= SLAB_MAX_BLOCK
         need = SLAB_SIZE if small else max(capacity, 2 * SLAB_MAX_BLOCK)
-        cause = ""
+        cause, refused_by_budget = "", False
         for trim_first in (False, True):
             if trim_first:
                 self._recycle()
@@ -265,15 +265,15 @@ class MemoryPool:
                 self._add_arena(size, stream, small)
             except BudgetDenied as exc:
                 self._budget_denials += 1
-                cause = str(exc)
+                cause, refused_by_budget = str(exc), True
                 continue
             except MemoryError as exc:
-                cause = f"upstream {self.kind} memory refused {size} bytes ({exc})"
+                cause, refused_by_budget = f"upstream {self.kind} memory refused {size} bytes ({exc})", False
                 continue
             taken = self._take_held(capacity)
             assert taken is not None, "a fresh arena large enough always serves the request"
             return taken
-        raise self._out_of_memory(nbytes, cause)
+        raise self._out_of_memory(nbytes, cause, refused_by_budget)
 
     def _beyond_share(self, size: int) -> bool:
         """Whether an arena of `size` would take more of the node budget than this pool's even
@@ -282,7 +282,7 @@ class MemoryPool:
         assert self.budget is not None
         return self._reserved + size > self.budget.fair_share() or size > self.budget.available()
 
-    def _out_of_memory(self, nbytes: int, cause: str) -> OutOfMemory:
+    def _out_of_memory(self, nbytes: int, cause: str, node_budget: bool = False) -> OutOfMemory:
         self._num_ooms += 1
         return OutOfMemory(
             requested=nbytes,
@@ -291,7 +291,7 @@ class MemoryPool:
             limit=self.limit_bytes,
             largest_free_block=self._largest_free_block(),
             cause=cause,
-            node_budget=self.budget is not None and cause.startswith("the node's"),
+            node_budget=node_budget,
         )
 
     def _add_arena(self, size: int, stream: Any, small: bool) -> None:

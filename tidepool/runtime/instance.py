@@ -44,6 +44,11 @@ WARMUP_MAX_ROUNDS = 10  # per warm-up batch size, while executions still touch f
 STEADY_PAGE_FAULTS = 64  # an execution below this many minor faults allocated nothing fresh
 
 
+# How a request the node's memory budget cannot hold now is answered (UNAVAILABLE), and how warm-up
+# tells it from a device out of memory.
+NODE_BUDGET_REFUSED = "does not fit the node's memory budget now"
+
+
 class ModelOutputError(TidepoolError):
     """The model's outputs do not match what its config declares."""
 
@@ -255,7 +260,7 @@ class ModelInstance:
                         f"warm-up skipped batch size {size}: it does not fit POOL_LIMIT_BYTES"
                     )
                     break
-                if isinstance(result, RequestError) and "node's memory budget" in str(result):
+                if isinstance(result, RequestError) and NODE_BUDGET_REFUSED in str(result):
                     self.warmup_notes.append(f"warm-up skipped batch size {size}: {result}")
                     break
                 if isinstance(result, RequestError):
@@ -410,7 +415,7 @@ class ModelInstance:
             # UNAVAILABLE: the memory may come back once other models' pools trim (2.51 has no
             # RESOURCE_EXHAUSTED to say so).
             return RequestError(
-                f"this request ({rows} row(s)) does not fit the node's memory budget now: {error.cause}",
+                f"this request ({rows} row(s)) {NODE_BUDGET_REFUSED}: {error.cause}",
                 code="UNAVAILABLE",
             )
         if isinstance(error, OutOfMemory):
