@@ -92,9 +92,13 @@ def in_turn(
     return results
 
 
-def add_in_turn_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --levels, --rounds and --window-s, as the side-by-side benchmarks take them."""
-    parser.add_argument("--model", default="encoder")
+def add_in_turn_arguments(parser: argparse.ArgumentParser, models: bool = False) -> None:
+    """--model (or with `models`, --models: a comma-separated list), --levels, --rounds and
+    --window-s, as the side-by-side benchmarks take them."""
+    if models:
+        parser.add_argument("--models", default="encoder,convnet")
+    else:
+        parser.add_argument("--model", default="encoder")
     parser.add_argument("--levels", default="1,2,4,8,16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=2.0)

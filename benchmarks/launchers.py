@@ -19,7 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Results, Target, in_turn, median_of, spread, throughputs
+from benchmarks.in_turn import Results, Target, add_in_turn_arguments, in_turn, median_of, spread, throughputs
 from tidepool.configfile import ModelConfig, copy_model, read_config, set_instances
 from tidepool.launcher.install import install_backend
 from tidepool.launcher.server import ServerConfig, TritonServer
@@ -119,10 +119,7 @@ def report(model: str, labels: list[str], levels: list[int], results: Results, r
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="encoder,convnet")
-    parser.add_argument("--levels", default="1,2,4,8,16")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-s", type=float, default=2.0)
+    add_in_turn_arguments(parser, models=True)
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     with tempfile.TemporaryDirectory() as backends:

@@ -11,13 +11,11 @@ ratios p99 shipped / p99 plain and throughput shipped / plain, and a lone reques
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Variant, copy_variant, serve_in_turn, spread
+from benchmarks.in_turn import Variant, add_in_turn_arguments, copy_variant, median_of, serve_in_turn, spread
 from benchmarks.plan_vs_grid import PLAIN_DELAY_US, plain_model
-from tidepool.clients.sweep import LevelResult
 from tidepool.machine import usable_cores
 from tidepool.planning.candidates import thread_splits
 from tidepool.spec import positive_ints
@@ -26,16 +24,9 @@ from tidepool.testing import MODEL_REPOSITORY
 SHIPPED = {"serve": "execution_count", "plain": "off"}  # label -> the server's rate-limit mode
 
 
-def median(results: list[LevelResult], field: str) -> float:
-    return statistics.median(getattr(r, field) for r in results)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="encoder,convnet")
-    parser.add_argument("--levels", default="1,2,4,8,16")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-s", type=float, default=2.0)
+    add_in_turn_arguments(parser, models=True)
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     cores = usable_cores()
@@ -63,18 +54,18 @@ def main() -> None:
               "| p99 / plain | infer/s / plain | p99 / p50 |")  # fmt: skip
         print("| --- " * 11 + "|")
         for level in levels:
-            best = max(names, key=lambda name: median(results[name][level], "throughput"))
+            best = max(names, key=lambda name: median_of(results[name][level], "throughput"))
             plain = results[best][level]
             for label in SHIPPED:
                 ours = results[f"{model} {label}"][level]
                 rates, p99s = [r.throughput for r in ours], [r.p99_ms for r in ours]
                 cells = [
-                    str(level), label, spread(rates), f"{median(ours, 'p50_ms'):.1f}", spread(p99s),
+                    str(level), label, spread(rates), f"{median_of(ours, 'p50_ms'):.1f}", spread(p99s),
                     f"{spread([r.throughput for r in plain])} {best.split('_')[-1]}",
-                    f"{median(plain, 'p50_ms'):.1f}", spread([r.p99_ms for r in plain]),
-                    f"{median(ours, 'p99_ms') / median(plain, 'p99_ms'):.2f}",
-                    f"{median(ours, 'throughput') / median(plain, 'throughput'):.2f}",
-                    f"{median(ours, 'p99_ms') / median(ours, 'p50_ms'):.2f}",
+                    f"{median_of(plain, 'p50_ms'):.1f}", spread([r.p99_ms for r in plain]),
+                    f"{median_of(ours, 'p99_ms') / median_of(plain, 'p99_ms'):.2f}",
+                    f"{median_of(ours, 'throughput') / median_of(plain, 'throughput'):.2f}",
+                    f"{median_of(ours, 'p99_ms') / median_of(ours, 'p50_ms'):.2f}",
                 ]  # fmt: skip
                 print("| " + " | ".join(cells) + " |")
 

@@ -615,10 +615,7 @@ def _status(args: argparse.Namespace) -> int:
     from tidepool.pool.ledger import ledger_paths
     from tidepool.pool.status import describe_ledgers
 
-    paths = ledger_paths()
-    if args.server_pid is not None:
-        paths = [p for p in paths if p.name.startswith(f"tidepool_{args.server_pid}_")]
-    for line in describe_ledgers(paths):
+    for line in describe_ledgers(ledger_paths(server_pid=args.server_pid)):
         print(line)
     return 0
 

@@ -10,6 +10,11 @@ from pathlib import Path
 SHM_DIRECTORY = Path("/dev/shm")
 
 
+def shared_directory(preferred: Path = SHM_DIRECTORY) -> Path:
+    """Where a server's shared files go: /dev/shm (memory), or /tmp on a system without it."""
+    return preferred if preferred.is_dir() else Path("/tmp")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -25,7 +25,7 @@ import numpy as np
 
 from tidepool.pool.budget import TierBudget, budget_for
 from tidepool.pool.errors import PoolError
-from tidepool.processes import SHM_DIRECTORY, alive
+from tidepool.processes import SHM_DIRECTORY, alive, shared_directory
 
 MAGIC = 0x7469646570_6F6F6C  # "tidepool"
 VERSION = 1
@@ -53,15 +53,14 @@ class BudgetDenied(PoolError, MemoryError):
 def ledger_path(server_pid: int, tier: str, directory: Path | None = None) -> Path:
     """The file of one server's tier. Named `tidepool_<pid>_` like the launcher's other shared
     files, so `tidepool serve` removes it once that server is gone."""
-    if directory is None:
-        directory = SHM_DIRECTORY if SHM_DIRECTORY.is_dir() else Path("/tmp")
-    return directory / f"tidepool_{server_pid}_ledger_{tier.replace(':', '')}"
+    name = f"tidepool_{server_pid}_ledger_{tier.replace(':', '')}"
+    return (directory or shared_directory(SHM_DIRECTORY)) / name
 
 
-def ledger_paths(directory: Path | None = None) -> list[Path]:
-    if directory is None:
-        directory = SHM_DIRECTORY if SHM_DIRECTORY.is_dir() else Path("/tmp")
-    return sorted(directory.glob("tidepool_*_ledger_*"))
+def ledger_paths(directory: Path | None = None, server_pid: int | None = None) -> list[Path]:
+    """The ledgers in `directory` (default: the shared one), of every server or of `server_pid`'s."""
+    owner = "*" if server_pid is None else str(server_pid)
+    return sorted((directory or shared_directory(SHM_DIRECTORY)).glob(f"tidepool_{owner}_ledger_*"))
 
 
 def remove_dead_ledgers(directory: Path | None = None) -> list[Path]:

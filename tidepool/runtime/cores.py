@@ -28,7 +28,7 @@ import numpy as np
 from tidepool import parameters as param
 from tidepool.machine import usable_cores
 from tidepool.parameters import DEFAULT_HOLD_US
-from tidepool.processes import SHM_DIRECTORY, alive
+from tidepool.processes import alive, shared_directory
 from tidepool.spec import ConfigError, ModelSpec, parse_model_config
 
 SLOTS = 64
@@ -154,9 +154,7 @@ def prepare_openmp(model_config: dict[str, Any]) -> str | None:
 def share_path(server_pid: int, directory: Path | None = None) -> Path:
     """The file of one server's instances. The name starts `tidepool_<pid>_`, like the launcher's
     other shared files, so `tidepool serve` removes it once that process is gone."""
-    if directory is None:
-        directory = SHM_DIRECTORY if SHM_DIRECTORY.is_dir() else Path("/tmp")
-    return directory / f"tidepool_{server_pid}_cores"
+    return (directory or shared_directory()) / f"tidepool_{server_pid}_cores"
 
 
 @dataclass
