@@ -1,6 +1,7 @@
 """What the node budget costs a served model: the shipped config with NODE_BUDGET on (its pools
 reserve from the server's shared ledger, answer trim requests, report in-use bytes after every
-execution) against the same config with NODE_BUDGET off, on one server, levels in turn, --rounds
+execution) against the same config with NODE_BUDGET off, under Triton's rate limiter (as `tidepool
+serve` starts the server) and without it (as plain tritonserver serves), levels in turn, --rounds
 rounds. Prints infer/s and p99 per level and the ratio of medians on/off.
 
     .venv/bin/python -m benchmarks.node_budget [--model encoder] [--levels 1,2,4,8,16] [--rounds 3]
@@ -9,13 +10,22 @@ rounds. Prints infer/s and p99 per level and the ratio of medians on/off.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import add_in_turn_arguments, copy_variant, serve_in_turn, spread, throughputs
+from benchmarks.in_turn import (
+    Variant,
+    add_in_turn_arguments,
+    copy_variant,
+    median_of,
+    serve_in_turn,
+    spread,
+    throughputs,
+)
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
+
+MODES = {"rate limiter": "execution_count", "no rate limiter": "off"}
 
 
 def main() -> None:
@@ -26,20 +36,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         source = MODEL_REPOSITORY / args.model
-        variants = {
-            "budget on": copy_variant(source, repository, "budget_on", NODE_BUDGET="on"),
-            "budget off": copy_variant(source, repository, "budget_off", NODE_BUDGET="off"),
-        }
+        variants: dict[str, Variant] = {}
+        for index, (mode, rate_limit) in enumerate(MODES.items()):
+            for switch in ("on", "off"):
+                copied = copy_variant(source, repository, f"budget_{switch}_{index}", NODE_BUDGET=switch)
+                variants[f"{mode}, budget {switch}"] = Variant(copied.model, rate_limit)
         results = serve_in_turn(repository, variants, levels, args.rounds, args.window_s)
-    print(f"\n{args.model}: infer/s, median (min-max) of {args.rounds} rounds; median p99 ms")
-    print(f"{'c':>4}{'budget on':>30}{'budget off':>30}  on/off")
-    for level in levels:
-        on, off = (throughputs(results[label][level]) for label in variants)
-        p99 = [statistics.median(r.p99_ms for r in results[label][level]) for label in variants]
-        print(
-            f"{level:>4}{spread(on) + f' p99 {p99[0]:.1f}':>30}{spread(off) + f' p99 {p99[1]:.1f}':>30}"
-            f"  {statistics.median(on) / statistics.median(off):.3f}"
-        )
+    print(f"\n{args.model}: infer/s, median (min-max) of {args.rounds} rounds; p99 ms, median (min-max)")
+    print("| server | c | budget on | budget off | on/off infer/s | on/off p99 |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mode in MODES:
+        for level in levels:
+            on, off = (results[f"{mode}, budget {switch}"][level] for switch in ("on", "off"))
+            cells = [
+                f"{spread(throughputs(runs))}, p99 {spread([r.p99_ms for r in runs])}" for runs in (on, off)
+            ]
+            rate = median_of(on, "throughput") / median_of(off, "throughput")
+            tail = median_of(on, "p99_ms") / median_of(off, "p99_ms")
+            print(f"| {mode} | {level} | {cells[0]} | {cells[1]} | {rate:.2f} | {tail:.2f} |")
 
 
 if __name__ == "__main__":
