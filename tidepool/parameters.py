@@ -155,13 +155,6 @@ ELASTIC_SPIN_COUNT: Parameter[int] = Parameter(
     "`GOMP_SPINCOUNT`; one set in tritonserver's environment wins): long enough to stay awake between "
     "a pass's operators, short enough to leave the cores before another instance takes the next request",
 )  # fmt: skip
-BATCHES_IN_FLIGHT: Parameter[int] = Parameter(
-    "BATCHES_IN_FLIGHT", 1, at_least(1),
-    "CPU: how many batches one instance runs at once, each on a thread of its own (a lane, with its "
-    "own pool) over one copy of the weights; Triton sees the instance busy only while every lane is. "
-    "The first lane takes a lone request with up to TORCH_NUM_THREADS, the others cores / lanes "
-    "(docs/planning.md)",
-)  # fmt: skip
 PRECISION: Parameter[str] = Parameter(
     "PRECISION", "fp32", one_of(*PRECISIONS),
     "`fp32`, `bf16`, `fp16` (GPU), `int8` (CPU, dynamic quantization)",
@@ -230,9 +223,9 @@ PLAN_REASON: Parameter[str] = Parameter(
 # spec.py with the input it belongs to.
 ALL: tuple[Parameter[object], ...] = (
     MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
-    ELASTIC_SPIN_COUNT, BATCHES_IN_FLIGHT, PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND,
-    POOL_LIMIT_BYTES, POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES,
-    POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP, PLAN_GENERATION, PLAN_REASON,
+    ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
+    POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
+    PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip
 
 

@@ -50,17 +50,3 @@ class PoolStats:
             free_bytes=self.free_bytes, reuse_ratio=self.reuse_ratio, fragmentation=self.fragmentation
         )
         return values
-
-
-def combined(stats: list[PoolStats]) -> PoolStats:
-    """The figures of several pools of one instance (its lanes, runtime/lanes.py) as one: sums, with
-    peaks the sum of each pool's own peak and the largest free block the largest of any."""
-    first = stats[0]
-    sums = {
-        name: sum(getattr(s, name) for s in stats)
-        for name, value in asdict(first).items()
-        if isinstance(value, int) and name != "largest_free_block"
-    }
-    blocks = [s.largest_free_block for s in stats]
-    largest = None if any(block is None for block in blocks) else max(b for b in blocks if b is not None)
-    return PoolStats(kind=first.kind, largest_free_block=largest, **sums)

@@ -126,15 +126,13 @@ def at_lower_priority(load: Callable[[], Loaded], niceness: int) -> Loaded:
 
 
 def oversubscribed(model: ModelSpec, cores: int) -> bool:
-    """Whether the model's CPU instances (each running up to BATCHES_IN_FLIGHT batches) could ask
-    for more threads than there are cores, which is when elastic threads change anything (and
-    ELASTIC_THREADS is true). A bad value of a parameter raises ConfigError, as the instance's load
-    does."""
+    """Whether the model's CPU instances could ask for more threads than there are cores, which is
+    when elastic threads change anything (and ELASTIC_THREADS is true). A bad value of either
+    parameter raises ConfigError, as the instance's load does."""
     if not param.ELASTIC_THREADS.read(model.parameters):
         return False
     threads = param.TORCH_NUM_THREADS.read(model.parameters) or cores
-    lanes = param.BATCHES_IN_FLIGHT.read(model.parameters)
-    return model.cpu_instances * lanes * min(threads, cores) > cores
+    return model.cpu_instances * min(threads, cores) > cores
 
 
 def prepare_openmp(model_config: dict[str, Any]) -> str | None:

@@ -4,11 +4,10 @@ request its outputs or its error. The pool lives as long as the instance."""
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -114,7 +113,11 @@ class ModelInstance:
             )
         )
         # Elastic threads: a forward pass takes the cores that no other busy instance uses.
-        self.core_share = self._join_core_share()
+        self.core_share = (
+            CoreShare.join(usable_cores(), settings.torch_threads, settings.elastic_hold_us)
+            if settings.elastic_threads
+            else None
+        )
         self.placement = placement or Placement()
         self.budget_notes: list[str] = []  # the node budget, where this instance's pool chose it
         self.pool: MemoryPool | None = None
@@ -136,34 +139,6 @@ class ModelInstance:
         self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
         self.warmup_notes: list[str] = []
         self._held: Execution | None = None  # the last execution, whose blocks its outputs use
-
-    def lane(self, index: int) -> ModelInstance:
-        """Another lane of this instance (runtime/lanes.py), made and warmed up on the thread that
-        will run it: the same module, so one copy of the weights, with its own pools, held execution
-        and elastic share, and at most cores / lanes torch threads."""
-        twin = copy.copy(self)
-        twin.settings = replace(self.settings, torch_threads=max(1, usable_cores() // self.settings.lanes))
-        twin.placement = replace(self.placement, instance_name=f"{self.placement.instance_name} lane {index}")
-        twin.budget_notes, twin.warmup_notes = [], []
-        twin._lock = threading.Lock()
-        twin._held = None
-        twin.on_trimmed = None
-        twin.pool = twin.staging = None
-        twin.pools = []
-        set_torch_threads(twin.settings.torch_threads)  # this thread's OpenMP team
-        twin.core_share = twin._join_core_share()
-        if twin.settings.pool_enabled:
-            twin._create_pools()
-            if any(pool.budget is not None for pool in twin.pools):
-                trim_watch.watch(twin.answer_trim)
-        twin.warm_up()
-        return twin
-
-    def _join_core_share(self) -> CoreShare | None:
-        s = self.settings
-        if not s.elastic_threads:
-            return None
-        return CoreShare.join(usable_cores(), s.torch_threads, s.elastic_hold_us)
 
     def _create_pools(self) -> None:
         s = self.settings

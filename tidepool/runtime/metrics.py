@@ -13,7 +13,6 @@ from typing import Any
 
 from tidepool.pool import MemoryPool, PoolStats
 from tidepool.pool.ledger import NodeLedger
-from tidepool.pool.stats import combined
 
 BATCH_SIZE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -137,18 +136,17 @@ class InstanceMetrics:
                 tier_labels = {**labels, "tier": tier}
                 self.node[tier] = [self.families[name].Metric(labels=tier_labels) for name in NODE_GAUGES]
 
-    def record(self, batches: Sequence[int], page_faults: int, pools: Sequence[MemoryPool]) -> None:
-        """After an execution: its batch sizes, page faults and the figures of the instance's pools
-        (one per lane, as one)."""
+    def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
+        """After an execution: its batch sizes, page faults and the pool's figures."""
         for rows in batches:
             self.record_batch(rows)
         self.record_page_faults(page_faults)
-        if pools:
+        if pool is not None:
             now = time.monotonic()
             walk = now - self.walked_at >= FRAGMENTATION_INTERVAL_S
             if walk:
                 self.walked_at = now
-            self.record_pool(combined([pool.stats(walk_arenas=walk) for pool in pools]))
+            self.record_pool(pool.stats(walk_arenas=walk))
 
     def record_node(self, ledgers: Sequence[NodeLedger]) -> None:
         """The node budget and the whole ledger's reserved bytes of each tier, where they changed."""

@@ -11,15 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tidepool.pool.stats import combined
 from tidepool.runtime.cores import at_lower_priority, loading_niceness, prepare_openmp
-from tidepool.runtime.lanes import Lanes
 from tidepool.runtime.metrics import InstanceMetrics
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
 
 if TYPE_CHECKING:  # torch loads in initialize, once the OpenMP environment is chosen
-    from tidepool.pool import MemoryPool
     from tidepool.runtime.instance import Execution, ModelInstance
 
 # Error codes this server's pb_utils may lack, and the nearest one it has.
@@ -58,11 +55,6 @@ def responses_for(execution: Execution) -> list[Any]:
     return responses
 
 
-def send_all(senders: list[Any], responses: list[Any]) -> None:
-    for sender, response in zip(senders, responses, strict=True):
-        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
@@ -79,14 +71,6 @@ class TritonPythonModel:
         # A GPU instance loads in the main thread: CUDA's current device is per thread.
         niceness = loading_niceness() if placement.kind == "CPU" else 0
         self.instance = at_lower_priority(load, niceness)
-        self.lanes: Lanes | None = None
-        if self.instance.settings.lanes > 1:
-            self.lanes = Lanes.start(self.instance.settings.lanes, self.instance)
-            name = args["model_instance_name"]
-            self.lanes.on_error = lambda error: pb_utils.Logger.log_error(
-                f"tidepool {name}: a lane's job failed: {type(error).__name__}: {error}"
-            )
-            notes.append(self.lanes.describe())
         if niceness:
             notes.append(f"loaded at nice +{niceness}")
         ledgers = self.instance.ledgers
@@ -97,77 +81,38 @@ class TritonPythonModel:
             self.instance.core_share is not None,
             tiers=[ledger.tier for ledger in ledgers],
         )
-        # Metrics are sent after each execution (from the stub's main thread, or from each lane's),
-        # and from the background check after a trim: one at a time.
+        # Metrics are sent from the stub's main thread after each execution, and from the background
+        # check after a trim: one at a time.
         self.metrics_lock = threading.Lock()
         if self.metrics is not None:
             self.metrics.plan_generation.set(self.instance.settings.plan_generation)
             self.record_memory()
-            for instance in self.instances:
-                instance.on_trimmed = self.record_memory
+            self.instance.on_trimmed = self.record_memory
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
             + "".join(f"; {note}" for note in notes if note)
         )
 
-    @property
-    def instances(self) -> list[ModelInstance]:
-        return self.lanes.instances if self.lanes is not None else [self.instance]
-
-    def execute(self, requests: list[Any]) -> list[Any] | None:
+    def execute(self, requests: list[Any]) -> list[Any]:
         inputs = [{tensor.name(): tensor.as_numpy() for tensor in r.inputs()} for r in requests]
-        lanes = self.lanes
-        lane = lanes.claim() if lanes is not None and lanes.under_load(len(requests)) else None
-        if lanes is None or lane is None:
-            responses = self.run(self.instance, inputs)
-            if lanes is not None:
-                lanes.returned()
-            return responses
-        # Answered from the lane's thread through the requests' response senders; the inputs stay
-        # valid until then, as Triton releases a request with its final response.
-        senders = [r.get_response_sender() for r in requests]
-
-        def job(instance: ModelInstance) -> None:
-            try:
-                responses = self.run(instance, inputs)
-            except BaseException as error:
-                failure = RequestError(f"the instance failed: {type(error).__name__}: {error}", "INTERNAL")
-                send_all(senders, [error_response(failure)] * len(senders))
-                raise
-            send_all(senders, responses)
-
-        lanes.hand(lane, job)
-        lanes.returned()
-        return None
-
-    def run(self, instance: ModelInstance, inputs: list[dict[str, Any]]) -> list[Any]:
-        """One execution on `instance` (the instance, or one of its lanes): the responses, with the
-        metrics recorded."""
-        execution = instance.execute(inputs)
+        execution = self.instance.execute(inputs)
         responses = responses_for(execution)
         if self.metrics is not None:
             with self.metrics_lock:
-                self.metrics.record(execution.batches, execution.page_faults, self.pools)
-                self.metrics.record_node(instance.ledgers)
-                share = instance.core_share
+                self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
+                self.metrics.record_node(self.instance.ledgers)
+                share = self.instance.core_share
                 if share is not None:
                     self.metrics.record_elastic(execution.torch_threads, share.last_wait_ns)
         return responses
 
-    @property
-    def pools(self) -> list[MemoryPool]:
-        return [instance.pool for instance in self.instances if instance.pool is not None]
-
     def record_memory(self) -> None:
-        """The pools' figures and the node ledger's, now."""
+        """The pool's figures and the node ledger's, now."""
         assert self.metrics is not None
         with self.metrics_lock:
-            if self.pools:
-                self.metrics.record_pool(combined([pool.stats(walk_arenas=False) for pool in self.pools]))
+            if self.instance.pool is not None:
+                self.metrics.record_pool(self.instance.pool.stats(walk_arenas=False))
             self.metrics.record_node(self.instance.ledgers)
 
     def finalize(self) -> None:
-        if self.lanes is not None:
-            self.lanes.close()
-        else:
-            self.instance.close()
+        self.instance.close()

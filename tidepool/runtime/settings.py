@@ -94,7 +94,6 @@ class InstanceSettings:
     # Elastic threads: how long an instance still counts as busy after its forward pass (see
     # runtime/cores.py, DEFAULT_HOLD_US); ELASTIC_HOLD_US.
     elastic_hold_us: int
-    lanes: int  # batches one instance runs at once (BATCHES_IN_FLIGHT; always 1 on a GPU)
     device: str  # "cpu" or "cuda:N"
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
     graph: str  # eager, or frozen (runtime/graph.py)
@@ -143,14 +142,11 @@ class InstanceSettings:
         if precision == "int8" and device != "cpu":
             raise ConfigError("parameter PRECISION: int8 (dynamic quantization) runs on the CPU only")
         sizes, notes = warmup_batch_sizes(model)
-        if device != "cpu" and param.BATCHES_IN_FLIGHT.read(given) > 1:
-            notes.append("BATCHES_IN_FLIGHT is for CPU instances: this GPU instance runs one batch at a time")
         elastic = param.ELASTIC_THREADS.read(given)
         return cls(
             torch_threads=param.TORCH_NUM_THREADS.read(given) or usable_cores(),
             elastic_threads=elastic and device == "cpu" and oversubscribed(model, usable_cores()),
             elastic_hold_us=param.ELASTIC_HOLD_US.read(given),
-            lanes=param.BATCHES_IN_FLIGHT.read(given) if device == "cpu" else 1,
             allow_nonfinite=param.ALLOW_NONFINITE.read(given),
             device=device,
             precision=precision,
