@@ -4,7 +4,9 @@ and loopback addresses: no rate limiter) and by `tidepool serve` (with it), both
 and measured in turn, level by level, for --rounds rounds. Per launcher and level it prints the
 shipped config's throughput and p99 against the best of: one instance with every core and
 `dynamic_batching {}`, and the alternatives its plan was chosen over (the config header's "Chosen
-over:" line), with the ratio of medians and its spread over the rounds.
+over:" line), with the ratio of medians and its spread over the rounds. A second copy of the shipped
+config is measured too, as the control: shipped again / shipped is what the same config scores
+against itself on this machine, the noise any other ratio must be read against.
 
     .venv/bin/python -m benchmarks.launchers [--models encoder,convnet] [--levels 1,2,4,8,16]
         [--rounds 3] [--window-s 2]
@@ -20,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.in_turn import Results, Target, add_in_turn_arguments, in_turn, median_of, spread, throughputs
+from tidepool.clients.sweep import LevelResult
 from tidepool.configfile import ModelConfig, copy_model, read_config, set_instances
 from tidepool.launcher.install import install_backend
 from tidepool.launcher.server import ServerConfig, TritonServer
@@ -28,6 +31,7 @@ from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
 LAUNCHERS = ("plain tritonserver", "tidepool serve")
+CONTROL = "shipped again"  # the shipped config once more: the noise between identical configs
 LABEL = re.compile(r"(\d+)x(\d+)(?:-(\d+))? (\w+)(?: (\w+))? b(\d+) d([\d.]+)ms")
 
 
@@ -81,7 +85,8 @@ def measure_model(model: str, backends: Path, levels: list[int], rounds: int, wi
         repository = Path(tmp)
         source = MODEL_REPOSITORY / model
         copy_model(source, repository / "shipped")
-        names = {"shipped": "shipped"}
+        copy_model(source, repository / "control")
+        names = {"shipped": "shipped", CONTROL: "control"}
         for index, (label, config) in enumerate(alternatives(source, cores).items()):
             config.name = f"alt{index}"
             copy_model(source, repository / config.name, config)
@@ -100,21 +105,28 @@ def measure_model(model: str, backends: Path, levels: list[int], rounds: int, wi
 
 def report(model: str, labels: list[str], levels: list[int], results: Results, rounds: int) -> None:
     print(f"\n{model}: infer/s median (min-max) of {rounds} rounds; p99 ms median; shipped / best other "
-          "(ratio of medians, and min-max of the per-round ratios)")  # fmt: skip
+          f"and {CONTROL} / shipped (ratios of medians, and min-max of the per-round ratios)")  # fmt: skip
     for launcher in LAUNCHERS:
         print(f"\n  {launcher}")
         for level in levels:
             shipped = results[f"{launcher} / shipped"][level]
-            others = {label: results[f"{launcher} / {label}"][level] for label in labels[1:]}
+            control = results[f"{launcher} / {CONTROL}"][level]
+            others = {label: results[f"{launcher} / {label}"][level] for label in labels if label not in
+                      ("shipped", CONTROL)}  # fmt: skip
             best = max(others, key=lambda label: statistics.median(throughputs(others[label])))
-            ratio = statistics.median(throughputs(shipped)) / statistics.median(throughputs(others[best]))
-            per_round = [a / b for a, b in zip(throughputs(shipped), throughputs(others[best]), strict=True)]
             print(
                 f"  c={level:<3} shipped {spread(throughputs(shipped)):>20} "
                 f"p99 {median_of(shipped, 'p99_ms'):5.1f} | best other {best:<28} "
                 f"{spread(throughputs(others[best])):>20} p99 {median_of(others[best], 'p99_ms'):5.1f} | "
-                f"{ratio:.2f} ({min(per_round):.2f}-{max(per_round):.2f})"
+                f"{ratio_text(shipped, others[best])} | control {ratio_text(control, shipped)}"
             )
+
+
+def ratio_text(a: list[LevelResult], b: list[LevelResult]) -> str:
+    """'median(a) / median(b) (min-max of the per-round ratios)' of throughput."""
+    per_round = [x / y for x, y in zip(throughputs(a), throughputs(b), strict=True)]
+    ratio = statistics.median(throughputs(a)) / statistics.median(throughputs(b))
+    return f"{ratio:.2f} ({min(per_round):.2f}-{max(per_round):.2f})"
 
 
 def main() -> None:

@@ -70,8 +70,10 @@ def test_memory_limits_the_batch_and_sets_the_pool():
     result = plan(profile, budget)
     assert profile.predict_bytes(result.max_batch_size) <= 0.8 * 60 * MiB
     assert result.max_batch_size == 8 and "memory stops the next size" in result.reasons["max_batch_size"]
-    dynamic = profile.predict_bytes(result.max_batch_size) - profile.static_bytes
-    assert result.pool_initial_bytes == int(1.25 * dynamic)
+    # The floor is the pool's own blocks (inputs and outputs), not torch's activations.
+    io_bytes = profile.point(result.max_batch_size).io_bytes
+    assert result.pool_initial_bytes == int(1.25 * io_bytes)
+    assert result.pool_initial_bytes < profile.predict_bytes(result.max_batch_size) - profile.static_bytes
     assert result.pool_limit_bytes == 60 * MiB // result.instance_count
 
 

@@ -11,7 +11,7 @@ from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
 
 # A size is "clearly faster" when its throughput beats the next larger size's by this much.
 PREFERRED_MARGIN = 1.10
-POOL_HEADROOM = 1.25  # the pool reserves the measured dynamic peak plus this share
+POOL_HEADROOM = 1.25  # the pool reserves the measured blocks of its largest batch plus this share
 
 
 def worst_latency_ms(point: BatchPoint) -> float:
@@ -134,10 +134,16 @@ def choose_pool_bytes(
     profile: Profile, budgets: Budgets, chosen: BatchPoint, instances: int
 ) -> tuple[Choice, Choice]:
     limit = int(budgets.memory_bytes / instances)
-    dynamic_peak = profile.predict_bytes(chosen.batch) - profile.static_bytes
-    initial = min(limit, int(POOL_HEADROOM * dynamic_peak))
+    # The pool holds an execution's gathered inputs and outputs; torch keeps the activations in its
+    # own allocator. Sizing the floor by the whole dynamic peak gave the convnet 128 MiB floors
+    # where its pool used ~10 MiB, memory that a node budget could never lend to another model.
+    initial = min(limit, int(POOL_HEADROOM * chosen.io_bytes))
     return (
-        Choice(initial, f"dynamic peak at batch {chosen.batch} + {POOL_HEADROOM - 1:.0%}"),
+        Choice(
+            initial,
+            f"the pool's blocks at batch {chosen.batch} (gathered inputs and outputs; torch keeps the "
+            f"activations) + {POOL_HEADROOM - 1:.0%}",
+        ),
         Choice(limit, f"the memory budget / {instances} instance(s)"),
     )
 
