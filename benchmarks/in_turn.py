@@ -74,20 +74,21 @@ def in_turn(
     levels: Sequence[int],
     rounds: int,
     window_s: float,
+    first_round: int = 1,
 ) -> Results:
-    """label -> level -> one result per round.
+    """label -> level -> one result per round (numbered from `first_round`, which sets the order).
     Each round takes every level in turn, and at each level every model in turn, starting with the
     next model each time: the model measured first after a level change served less (encoder, c=1:
     the planned config 75-78/s, the same config under `dynamic_batching {}` measured second 83-96/s,
     in all 3 rounds), so no model may always be first."""
     results: Results = {label: {c: [] for c in levels} for label in targets}
     order = list(targets.items())
-    for round_number in range(1, rounds + 1):
+    for round_number in range(first_round, first_round + rounds):
         for index, level in enumerate(levels):
             for label, target in rotated(order, (round_number - 1) * len(levels) + index):
                 [result] = sweep(target, [level], window_s)
                 results[label][level].append(result)
-                print(f"  round {round_number}/{rounds} c={level} {label}: {result.throughput:.1f}/s, "
+                print(f"  round {round_number} c={level} {label}: {result.throughput:.1f}/s, "
                       f"p99 {result.p99_ms:.1f} ms, batch {result.avg_batch:.2f}", flush=True)  # fmt: skip
     return results
 

@@ -9,7 +9,7 @@ config is measured too, as the control: shipped again / shipped is what the same
 against itself on this machine, the noise any other ratio must be read against.
 
     .venv/bin/python -m benchmarks.launchers [--models encoder,convnet] [--levels 1,2,4,8,16]
-        [--rounds 3] [--window-s 2]
+        [--rounds 3] [--window-s 2] [--fresh-servers]
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ def alternatives(model_dir: Path, cores: int) -> dict[str, ModelConfig]:
     return found
 
 
-def measure_model(model: str, backends: Path, levels: list[int], rounds: int, window_s: float) -> None:
+def measure_model(
+    model: str, backends: Path, levels: list[int], rounds: int, window_s: float, fresh: bool
+) -> None:
     cores = usable_cores()
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+    with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
         source = MODEL_REPOSITORY / model
         copy_model(source, repository / "shipped")
@@ -91,6 +93,29 @@ def measure_model(model: str, backends: Path, levels: list[int], rounds: int, wi
             config.name = f"alt{index}"
             copy_model(source, repository / config.name, config)
             names[label] = config.name
+        print(f"\n{model}: {len(names)} configs x {len(LAUNCHERS)} launchers, {rounds} rounds"
+              + (", fresh servers each round" if fresh else ""), flush=True)  # fmt: skip
+        results: Results = {}
+        for first_round in range(1, rounds + 1) if fresh else [1]:
+            measured = serve_both(repository, backends, names, levels, 1 if fresh else rounds, window_s,
+                                  first_round)  # fmt: skip
+            for label, by_level in measured.items():
+                for level, found in by_level.items():
+                    results.setdefault(label, {}).setdefault(level, []).extend(found)
+    report(model, list(names), levels, results, rounds)
+
+
+def serve_both(
+    repository: Path,
+    backends: Path,
+    names: dict[str, str],
+    levels: list[int],
+    rounds: int,
+    window_s: float,
+    first_round: int,
+) -> Results:
+    """Both launchers' servers over `repository`, every config measured in turn."""
+    with contextlib.ExitStack() as stack:
         plain = ServerConfig.on_free_ports(repository, backend_directory=backends, plain=True)
         servers = dict(zip(LAUNCHERS, (plain, ServerConfig.on_free_ports(repository)), strict=True))
         targets = {}
@@ -98,9 +123,7 @@ def measure_model(model: str, backends: Path, levels: list[int], rounds: int, wi
             stack.enter_context(TritonServer(config))
             for label, name in names.items():
                 targets[f"{launcher} / {label}"] = Target(config.grpc_url, name)
-        print(f"\n{model}: {len(names)} configs x {len(servers)} launchers, {rounds} rounds", flush=True)
-        results = in_turn(targets, levels, rounds, window_s)
-    report(model, list(names), levels, results, rounds)
+        return in_turn(targets, levels, rounds, window_s, first_round)
 
 
 def report(model: str, labels: list[str], levels: list[int], results: Results, rounds: int) -> None:
@@ -132,12 +155,18 @@ def ratio_text(a: list[LevelResult], b: list[LevelResult]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_in_turn_arguments(parser, models=True)
+    parser.add_argument(
+        "--fresh-servers",
+        action="store_true",
+        help="start both servers anew for each round: a config's stubs can serve a few percent apart "
+        "from an identical config's for a whole run (see the control), which only new processes average out",
+    )
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     with tempfile.TemporaryDirectory() as backends:
         print(install_backend(Path(backends)).describe("<repository>"), flush=True)
         for model in args.models.split(","):
-            measure_model(model, Path(backends), levels, args.rounds, args.window_s)
+            measure_model(model, Path(backends), levels, args.rounds, args.window_s, args.fresh_servers)
 
 
 if __name__ == "__main__":
