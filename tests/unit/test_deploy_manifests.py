@@ -114,6 +114,12 @@ def test_resources_are_what_the_plans_say(rendered):
     assert needs.memory_limit_bytes >= sum(
         m.instances * (STUB_BYTES + m.pool_limit_bytes) for m in needs.models
     )
+    # The request holds one execution per instance, activations included, from the plan's memory
+    # fit: more than the pool's floor, which holds only the gathered inputs and outputs.
+    convnet = next(m for m in needs.models if m.name == "convnet")
+    assert convnet.execution_bytes > convnet.pool_initial_bytes > 0
+    per_instance = STUB_BYTES + convnet.static_bytes + convnet.execution_bytes
+    assert convnet.request_bytes == convnet.instances * per_instance
 
 
 def test_the_hpa_scales_on_the_metric_the_adapter_rule_serves(rendered):

@@ -28,6 +28,8 @@ SHM_FLOOR_BYTES = 256 * MIB
 
 _CORES = re.compile(r"^# Budgets: .*?, (\d+) cores,", re.MULTILINE)
 _STATIC = re.compile(r"^# Profile: .*?; static ([\d.]+) MiB;", re.MULTILINE)
+# The plan's fit of an execution's memory beyond the weights: the pool's blocks and torch's activations.
+_DYNAMIC = re.compile(r"memory\(b\) = static \+ ([\d.]+) MiB x b \+ ([\d.]+) MiB")
 
 
 class DeployError(TidepoolError):
@@ -46,11 +48,15 @@ class ModelNeeds:
     pool_initial_bytes: int
     pool_limit_bytes: int
     shm_bytes: int
+    # One execution at max_batch_size beyond the weights (pool blocks and activations), from the
+    # plan's memory fit; the pool's floor holds only the blocks.
+    execution_bytes: int = 0
     notes: tuple[str, ...] = ()
 
     @property
     def request_bytes(self) -> int:
-        return self.instances * (STUB_BYTES + self.static_bytes + self.pool_initial_bytes)
+        working = max(self.pool_initial_bytes, self.execution_bytes)
+        return self.instances * (STUB_BYTES + self.static_bytes + working)
 
     @property
     def limit_bytes(self) -> int:
@@ -93,7 +99,8 @@ class PodNeeds:
             f"{m.name}: {m.instances} instance(s)"
             f"{f' ({m.gpu_instances} on GPU)' if m.gpu_instances else ''}, "
             f"planned for {m.cores} cores; per instance {STUB_BYTES // MIB} MiB stub + "
-            f"{m.static_bytes / MIB:.0f} MiB weights + pool {m.pool_initial_bytes / MIB:.0f} MiB at start, "
+            f"{m.static_bytes / MIB:.0f} MiB weights + an execution {m.execution_bytes / MIB:.0f} MiB (pool "
+            f"{m.pool_initial_bytes / MIB:.0f} MiB at start), "
             f"{m.pool_limit_bytes / MIB:.0f} MiB at most" + "".join(f"; {note}" for note in m.notes)
             for m in self.models
         ]
@@ -140,6 +147,11 @@ def model_needs(model_dir: Path) -> ModelNeeds:
             f"{path}: no POOL_LIMIT_BYTES, so nothing bounds what its pool may take and no memory limit "
             "can be derived; plan it (`tidepool plan ... --memory-budget SIZE --write`) or set the parameter"
         )
+    dynamic = _DYNAMIC.search(text)
+    execution = 0
+    if dynamic is not None:
+        per_row, workspace = float(dynamic.group(1)), float(dynamic.group(2))
+        execution = round((per_row * max(1, spec.max_batch_size) + workspace) * MIB)
     in_flight = 4 * max(1, spec.max_batch_size) * _sample_bytes(spec)  # requests and responses, doubled
     return ModelNeeds(
         name=config.name or model_dir.name,
@@ -150,6 +162,7 @@ def model_needs(model_dir: Path) -> ModelNeeds:
         pool_initial_bytes=initial,
         pool_limit_bytes=limit,
         shm_bytes=instances * (SHM_PER_STUB_BYTES + in_flight),
+        execution_bytes=execution,
         notes=tuple(notes),
     )
 
