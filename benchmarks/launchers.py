@@ -95,10 +95,11 @@ def measure_model(
             names[label] = config.name
         print(f"\n{model}: {len(names)} configs x {len(LAUNCHERS)} launchers, {rounds} rounds"
               + (", fresh servers each round" if fresh else ""), flush=True)  # fmt: skip
+        # (first round, rounds) per pair of servers: one pair for every round, or a new pair for each.
+        spells = [(number, 1) for number in range(1, rounds + 1)] if fresh else [(1, rounds)]
         results: Results = {}
-        for first_round in range(1, rounds + 1) if fresh else [1]:
-            measured = serve_both(repository, backends, names, levels, 1 if fresh else rounds, window_s,
-                                  first_round)  # fmt: skip
+        for first_round, count in spells:
+            measured = serve_both(repository, backends, names, levels, count, window_s, first_round)
             for label, by_level in measured.items():
                 for level, found in by_level.items():
                     results.setdefault(label, {}).setdefault(level, []).extend(found)

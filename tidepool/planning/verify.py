@@ -116,30 +116,19 @@ def choose(candidates: Sequence[Plan], figures: Sequence[LevelFigures]) -> int:
         best[f.concurrency] = max(best.get(f.concurrency, 0.0), f.throughput)
         lowest_p99[f.concurrency] = min(lowest_p99.get(f.concurrency, f.p99_ms), f.p99_ms)
 
-    def own(index: int) -> list[LevelFigures]:
-        return [f for f in figures if f.candidate == candidates[index].label]
+    def scores(plan: Plan) -> tuple[int, float, float]:
+        """Levels in budget, worst relative throughput, mean relative p99: each worked out once."""
+        own = [f for f in figures if f.candidate == plan.label]
+        relative = [f.throughput / best[f.concurrency] if best[f.concurrency] else 0.0 for f in own]
+        tails = [f.p99_ms / lowest_p99[f.concurrency] if lowest_p99[f.concurrency] > 0 else 1.0 for f in own]
+        return sum(f.meets_budget for f in own), min(relative, default=0.0), sum(tails) / max(1, len(tails))
 
-    def in_budget(index: int) -> int:
-        return sum(f.meets_budget for f in own(index))
-
-    def worst(index: int) -> float:
-        return min(
-            (f.throughput / best[f.concurrency] if best[f.concurrency] else 0.0 for f in own(index)),
-            default=0.0,
-        )
-
-    def tail(index: int) -> float:
-        ratios = [
-            f.p99_ms / lowest_p99[f.concurrency] if lowest_p99[f.concurrency] > 0 else 1.0 for f in own(index)
-        ]
-        return sum(ratios) / max(1, len(ratios))
-
-    indices = range(len(candidates))
-    most = max(in_budget(i) for i in indices)
-    eligible = [i for i in indices if in_budget(i) == most]
-    top = max(worst(i) for i in eligible)
-    tied = [i for i in eligible if worst(i) >= top - THROUGHPUT_TIE]
-    return min(tied, key=lambda i: (tail(i), -worst(i)))
+    scored = [scores(plan) for plan in candidates]
+    most = max(in_budget for in_budget, _, _ in scored)
+    eligible = [i for i, (in_budget, _, _) in enumerate(scored) if in_budget == most]
+    top = max(scored[i][1] for i in eligible)
+    tied = [i for i in eligible if scored[i][1] >= top - THROUGHPUT_TIE]
+    return min(tied, key=lambda i: (scored[i][2], -scored[i][1]))
 
 
 def _closed_loop(url: str, name: str, level: int, window_s: float, warmup_s: float) -> LevelResult:
