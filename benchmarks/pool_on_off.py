@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidepool.clients.closed_loop import LoadResult, run_closed_loop
-from tidepool.clients.metrics import scrape, value
+from tidepool.clients.metrics import scrape, value, values
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.runtime.metrics import DEFAULT_INTERVAL_S
 from tidepool.testing import MODEL_REPOSITORY, model_variant
 
 CASES = [("encoder", 1, 1), ("encoder", 8, 1), ("convnet", 1, 16), ("convnet", 8, 16)]  # model, conc, batch
@@ -37,10 +39,11 @@ class Runs:
 
 
 def execution_figures(metrics_url: str, model: str) -> tuple[float, float]:
+    time.sleep(2 * DEFAULT_INTERVAL_S)  # the backend sends its metrics every interval
     samples = scrape(metrics_url)
     return (
         value(samples, "tidepool_page_faults_total", model=model),
-        value(samples, "tidepool_batch_size_count", model=model),
+        sum(values(samples, "tidepool_batches_total", model=model)),
     )
 
 

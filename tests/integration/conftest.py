@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tidepool.clients.connection import Connection
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.runtime.metrics import INTERVAL_VARIABLE
 from tidepool.testing import MODEL_REPOSITORY, TEST_MODELS, linked_repository, model_variant
+
+from .flushed import TEST_INTERVAL_S
+
+# Every server these tests start inherits it: /metrics is current a few intervals after a request.
+os.environ[INTERVAL_VARIABLE] = str(TEST_INTERVAL_S)
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:

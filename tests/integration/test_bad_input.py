@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tidepool.clients.metrics import scrape, values
+from tests.integration.flushed import scrape_flushed
+from tidepool.clients.metrics import values
 from tidepool.inputs import random_inputs
 from tidepool.testing.bad_requests import CASES, MODELS, sent_wrong_shape
 
 
 def pool_in_use(server, model: str) -> float:
-    return sum(values(scrape(server.config.metrics_url), "tidepool_pool_allocated_bytes", model=model))
+    samples = scrape_flushed(server.config.metrics_url)
+    return sum(values(samples, "tidepool_pool_allocated_bytes", model=model))
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

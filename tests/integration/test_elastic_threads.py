@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from tests.integration.flushed import scrape_flushed
 from tidepool.clients.connection import Connection
-from tidepool.clients.metrics import scrape, values
 from tidepool.configfile import copy_model, read_config, set_instances, with_parameters
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
@@ -17,16 +17,16 @@ from tidepool.runtime.cores import share_path
 from tidepool.testing import TEST_MODELS
 
 
-def threads_histogram(metrics_url: str) -> dict[str, float]:
+def passes_by_threads(metrics_url: str) -> dict[str, float]:
     """Forward passes of both instances: all of them, and those that ran on one thread."""
-    samples = [s for s in scrape(metrics_url) if s.labels.get("model") == "identity"]
+    samples = [
+        s
+        for s in scrape_flushed(metrics_url)
+        if s.labels.get("model") == "identity" and s.name == "tidepool_elastic_passes_total"
+    ]
     return {
-        "count": sum(s.value for s in samples if s.name == "tidepool_elastic_threads_count"),
-        "le1": sum(
-            s.value
-            for s in samples
-            if s.name == "tidepool_elastic_threads_bucket" and float(s.labels["le"]) == 1
-        ),
+        "count": sum(s.value for s in samples),
+        "one": sum(s.value for s in samples if s.labels["threads"] == "1"),
     }
 
 
@@ -57,15 +57,15 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
 
             with ThreadPoolExecutor(4) as workers:
                 assert list(workers.map(ask, range(40))) == list(range(40))
-            lone = threads_histogram(server_config.metrics_url)
+            lone = passes_by_threads(server_config.metrics_url)
             for value in range(10):  # one at a time, past any hold: each pass may take every core
                 time.sleep(0.05)
                 assert ask(value) == value
-            after = threads_histogram(server_config.metrics_url)
+            after = passes_by_threads(server_config.metrics_url)
         log = "\n".join(server.log_tail)
     # Every pass is counted with its threads, and lone requests ran on every core.
     assert lone["count"] >= 1 and after["count"] == lone["count"] + 10
-    with_every_core = (after["count"] - after["le1"]) - (lone["count"] - lone["le1"])
+    with_every_core = (after["count"] - after["one"]) - (lone["count"] - lone["one"])
     assert with_every_core >= 8, (lone, after)
     assert log.count(f"elastic threads: up to {cores}, {cores} cores shared") == 2, log
     assert "GOMP_SPINCOUNT=" in log and "Traceback" not in log
@@ -73,8 +73,15 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
 
 
 def passes_per_instance(metrics_url: str, model: str) -> list[float]:
-    """Forward passes of each of `model`'s elastic instances, as its metrics count them."""
-    return sorted(values(scrape(metrics_url), "tidepool_elastic_threads_count", model=model), reverse=True)
+    """Forward passes of each of `model`'s elastic instances, as its metrics count them (an
+    instance that ran none has no sample)."""
+    samples = scrape_flushed(metrics_url)
+    passes: dict[str, float] = {}
+    for sample in samples:
+        if sample.name == "tidepool_elastic_passes_total" and sample.labels["model"] == model:
+            instance = sample.labels["instance"]
+            passes[instance] = passes.get(instance, 0.0) + sample.value
+    return sorted(passes.values(), reverse=True)
 
 
 def test_priorities_keep_a_lone_client_on_the_first_instance(tmp_path):

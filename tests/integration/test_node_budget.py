@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.flushed import scrape_flushed
 from tidepool.clients.closed_loop import run_closed_loop
 from tidepool.clients.connection import Connection
 from tidepool.clients.metrics import scrape, values
@@ -124,7 +125,7 @@ def take_turns(server: TritonServer, budget: int) -> None:
     assert len(sampler.from_metrics) >= 10
     assert max(sampler.from_metrics) <= budget, (max(sampler.from_metrics), budget)
     assert max(sampler.from_ledger) <= budget, (max(sampler.from_ledger), budget)
-    samples = scrape(server.config.metrics_url)
+    samples = scrape_flushed(server.config.metrics_url)
     assert sum(values(samples, "tidepool_budget_trims_total")) >= 2  # each model lent at least once
     assert ledger.trims >= 2
     assert max(values(samples, "tidepool_node_budget_bytes", tier="host")) == budget
@@ -190,11 +191,10 @@ def test_a_killed_stub_leaves_nothing_in_the_ledger(budgeted_server):
     for thread in load:
         thread.join()
     burst(server, "convnet_b")  # reservations after the kill: the dead entry is reclaimed
-    time.sleep(0.5)  # trims answered in the background report their figures
     live = ledger.snapshot()
     assert victim.pid not in {view.pid for view in live}
     assert ledger.reserved_total() == sum(view.reserved for view in live)
-    samples = scrape(server.config.metrics_url)
+    samples = scrape_flushed(server.config.metrics_url)
     for view in live:
         reported = values(samples, "tidepool_pool_reserved_bytes", instance=view.instance)
         if view.model != "wide":  # whose pool is the staging one too: one figure for both

@@ -11,11 +11,12 @@ import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
-from tidepool.clients.metrics import scrape, value
+from tests.integration.flushed import scrape_flushed
+from tidepool.clients.metrics import value
 
 
 def rows_executed(server) -> float:
-    return value(scrape(server.config.metrics_url), "tidepool_batch_size_sum", model="slow")
+    return value(scrape_flushed(server.config.metrics_url), "tidepool_batch_rows_total", model="slow")
 
 
 async def send(client, seconds: float | None = None) -> tuple[bool, float, str]:

@@ -9,20 +9,21 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from tests.integration.flushed import scrape_flushed
 from tidepool.clients.closed_loop import run_closed_loop
 from tidepool.clients.connection import Connection
-from tidepool.clients.metrics import scrape, value, values
+from tidepool.clients.metrics import value, values
 from tidepool.inputs import random_inputs
 
 
 def pool_figures(server, model: str) -> dict[str, float]:
     """The pools of all of `model`'s instances: counts and bytes added up, the worst reuse ratio."""
-    samples = scrape(server.config.metrics_url)
+    samples = scrape_flushed(server.config.metrics_url)
     names = ["upstream_allocs_total", "allocated_bytes", "reserved_bytes", "ooms_total"]
     figures = {name: sum(values(samples, f"tidepool_pool_{name}", model=model)) for name in names}
     figures["reuse_ratio"] = min(values(samples, "tidepool_pool_reuse_ratio", model=model))
-    figures["batches"] = sum(values(samples, "tidepool_batch_size_count", model=model))
-    figures["batch_rows"] = sum(values(samples, "tidepool_batch_size_sum", model=model))
+    figures["batches"] = sum(values(samples, "tidepool_batches_total", model=model))
+    figures["batch_rows"] = sum(values(samples, "tidepool_batch_rows_total", model=model))
     return figures
 
 
@@ -89,7 +90,7 @@ def page_faults_of_executions(
     rows = {"X": np.ones((2, 4), dtype=np.float32)}
 
     def faults_so_far() -> float:
-        return value(scrape(server.config.metrics_url), "tidepool_page_faults_total", model=model)
+        return value(scrape_flushed(server.config.metrics_url), "tidepool_page_faults_total", model=model)
 
     def one_execution() -> float:
         before = faults_so_far()

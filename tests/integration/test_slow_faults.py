@@ -14,8 +14,9 @@ import psutil
 import pytest
 
 from tests.integration.conftest import server_config
+from tests.integration.flushed import scrape_flushed
 from tidepool.clients.closed_loop import run_closed_loop
-from tidepool.clients.metrics import scrape, values
+from tidepool.clients.metrics import values
 from tidepool.launcher.server import TritonServer
 
 pytestmark = pytest.mark.slow
@@ -71,8 +72,8 @@ def test_soak_50000_requests_keep_memory_flat(server):
         load = run_closed_loop("encoder", url, concurrency=16, duration_s=600, max_requests=chunk)
         done += len(load.latencies_ms) + len(load.errors)
         failures += len(load.errors)
-        pools = values(scrape(server.config.metrics_url), "tidepool_pool_reserved_bytes", model="encoder")
-        reserved = sum(pools)
+        samples_now = scrape_flushed(server.config.metrics_url)
+        reserved = sum(values(samples_now, "tidepool_pool_reserved_bytes", model="encoder"))
         samples.append((done, rss_bytes(server.process.pid), rss_bytes(stub), reserved))
     figures = np.array(samples, dtype=float)
     slope_stub = np.polyfit(figures[:, 0], figures[:, 2], 1)[0]  # bytes per request

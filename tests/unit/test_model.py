@@ -2,6 +2,7 @@
 instance, its error contract and its metrics."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -23,8 +24,10 @@ def triton_args(model_dir, config=TOKENS_CONFIG, kind="CPU", device_id="0") -> d
 
 
 @pytest.fixture
-def model(pb_utils, tmp_path):
+def model(pb_utils, tmp_path, monkeypatch):
     from tidepool.runtime.model import TritonPythonModel
+
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "60")  # the tests flush by hand
 
     instance = TritonPythonModel()
     instance.initialize(triton_args(tiny_model_dir(tmp_path)))
@@ -106,24 +109,65 @@ def test_a_request_that_alone_exceeds_the_pool_limit_is_not_answered_retry_later
     model.finalize()
 
 
-def test_the_backend_reports_pool_figures_and_batch_sizes_as_metrics(pb_utils, model):
+def test_execute_only_notes_metrics_and_a_flush_sends_them(pb_utils, model):
     batch = [request(pb_utils, np.zeros((3, 6)), 1.0), request(pb_utils, np.zeros((3, 6)), 1.0)]
-    model.execute(batch)
     families = pb_utils.state.families
-    [upstream] = families["tidepool_pool_upstream_allocs_total"].metrics
-    assert upstream.labels == {"model": "tokens", "instance": "tokens_0"}
-    assert upstream.value() == model.instance.pool.stats().upstream_allocs
-    assert upstream.value() >= 1 and families["tidepool_pool_reserved_bytes"].metrics[0].value() > 0
-    assert families["tidepool_batch_size"].metrics[0].observed == [6.0]  # warm-up is not traffic
     model.execute(batch)
-    assert families["tidepool_batch_size"].metrics[0].observed == [6.0, 6.0]
-    assert "tidepool_elastic_threads" not in families  # only elastic instances share cores
+    assert families["tidepool_batches_total"].metrics == []  # no message from execute
+    model.metrics.flush()
+    [six] = families["tidepool_batches_total"].metrics
+    assert six.labels == {"model": "tokens", "instance": "tokens_0", "batch_size": "6"}
+    assert six.value() == 1  # warm-up is not traffic
+    [upstream] = families["tidepool_pool_upstream_allocs_total"].metrics
+    assert upstream.value() == model.instance.pool.stats().upstream_allocs >= 1
+    assert families["tidepool_pool_reserved_bytes"].metrics[0].value() > 0
+    allocated = families["tidepool_pool_allocated_bytes"].metrics[0].value()
+    assert allocated == model.instance.pool.stats().allocated_bytes > 0
+    model.execute(batch)
+    model.execute(batch[:1])
+    model.metrics.flush()
+    three = next(m for m in families["tidepool_batches_total"].metrics if m.labels["batch_size"] == "3")
+    assert (six.value(), three.value()) == (2, 1)
+    assert families["tidepool_batch_rows_total"].metrics[0].value() == 6 + 6 + 3
+    assert "tidepool_elastic_passes_total" not in families  # only elastic instances share cores
     [(level, logged)] = pb_utils.state.logged
     assert (
         level == "info"
         and "tokens_0: cpu, fp32, eager graph; pool host" in logged
         and "custom metrics on" in logged
     )
+
+
+def test_metrics_are_sent_by_the_instance_s_thread_and_at_finalize(pb_utils, tmp_path, monkeypatch):
+    from tidepool.runtime.model import TritonPythonModel
+
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "0.02")
+    model = TritonPythonModel()
+    model.initialize(triton_args(tiny_model_dir(tmp_path)))
+    model.execute([request(pb_utils, np.zeros((2, 6)), 1.0)])
+    rows = pb_utils.state.families["tidepool_batch_rows_total"].metrics[0]
+    deadline = time.monotonic() + 5
+    while rows.value() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rows.value() == 2
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "60")
+    slow = TritonPythonModel()
+    slow.initialize(triton_args(tiny_model_dir(tmp_path)))
+    slow.execute([request(pb_utils, np.zeros((1, 6)), 1.0)])
+    slow_rows = pb_utils.state.families["tidepool_batch_rows_total"].metrics[-1]
+    assert slow_rows.value() == 0  # noted, not sent
+    slow.finalize()
+    assert slow_rows.value() == 1  # what was left is sent as the instance ends
+    model.finalize()
+
+
+def test_a_bad_metrics_interval_is_refused_in_one_line(pb_utils, tmp_path, monkeypatch):
+    from tidepool.runtime.model import TritonPythonModel
+    from tidepool.spec import ConfigError
+
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "soon")
+    with pytest.raises(ConfigError, match="TIDEPOOL_METRICS_INTERVAL_S must be a number of seconds"):
+        TritonPythonModel().initialize(triton_args(tiny_model_dir(tmp_path)))
 
 
 def test_with_metrics_off_the_model_loads_serves_and_says_so(pb_utils, tmp_path):
@@ -136,23 +180,3 @@ def test_with_metrics_off_the_model_loads_serves_and_says_so(pb_utils, tmp_path)
     np.testing.assert_allclose(output_of(response, "OUT"), np.full((1, 6), 2.0))
     assert "custom metrics off" in pb_utils.state.logged[0][1] and not pb_utils.state.families
     model.finalize()
-
-
-def test_the_pool_arenas_are_walked_for_metrics_at_most_once_per_interval(pb_utils, model, monkeypatch):
-    pool = model.instance.pool
-    walks = []
-    largest = pool._largest_free_block
-    monkeypatch.setattr(pool, "_largest_free_block", lambda: walks.append(1) or largest())
-    monkeypatch.setattr(pool, "_maintain", lambda: None)  # the pool's own housekeeping walks too
-    from tidepool.runtime import metrics
-
-    now = [1000.0]
-    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
-    for _ in range(20):  # inside one FRAGMENTATION_INTERVAL_S
-        model.execute([request(pb_utils, np.zeros((1, 6)), 1.0)])
-    assert len(walks) == 1
-    now[0] += metrics.FRAGMENTATION_INTERVAL_S
-    model.execute([request(pb_utils, np.zeros((1, 6)), 1.0)])
-    assert len(walks) == 2  # the next interval: walked again
-    allocated = pb_utils.state.families["tidepool_pool_allocated_bytes"].metrics[0].value()
-    assert allocated == pool.stats().allocated_bytes > 0  # counters are current after every execution

@@ -227,15 +227,16 @@ class CoreShare:
         self._busy_until[self.slot] = BUSY
         self._started_with_others = self._others_computing()
         give_up = time.monotonic() + MAX_WAIT_S
+        self.last_wait_ns = 0
         while True:
             share = max(1, min(self.cap, self.cores // max(1, self.busy_instances())))
             free = self.cores - int(self._threads.sum())
             if free >= 1 or time.monotonic() >= give_up:
                 threads = max(1, min(share, free))
                 self._threads[self.slot] = threads
-                self.last_wait_ns = time.monotonic_ns() - now
                 return threads
             time.sleep(POLL_S)
+            self.last_wait_ns = time.monotonic_ns() - now
 
     def stop(self) -> None:
         self._threads[self.slot] = 0

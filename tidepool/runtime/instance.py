@@ -125,7 +125,6 @@ class ModelInstance:
         self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
         # One execution at a time, or one answer to another pool's trim request (`answer_trim`).
         self._lock = threading.Lock()
-        self.on_trimmed: Callable[[], None] | None = None  # e.g. to report the pools' figures
         if settings.pool_enabled:
             self._create_pools()
             if any(pool.budget is not None for pool in self.pools):
@@ -292,8 +291,6 @@ class ModelInstance:
                 pool.answer_trim()
         finally:
             self._lock.release()
-        if self.on_trimmed is not None:
-            self.on_trimmed()
 
     def close(self) -> None:
         trim_watch.unwatch(self.answer_trim)

@@ -1,20 +1,29 @@
 """Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
-gauges and counters, the page faults of executions, a histogram of the batch sizes `execute`
-really ran, and for elastic instances the threads of each pass and the time passes waited. The
-pool's counters are read after every execution; its fragmentation, which walks its arenas, at most
-once per FRAGMENTATION_INTERVAL_S."""
+gauges and counters, the node budget, page faults, the batches `execute` ran by size, and for
+elastic instances the passes by thread count and the time they waited for a core.
+
+`execute` only notes its figures; a thread of the instance sends what changed every
+TIDEPOOL_METRICS_INTERVAL_S seconds (tritonserver's environment; default 0.5). Each update is a
+message from the stub to the server that waits for its answer: sent from `execute`, one to three
+of them per execution held every response back by 0.12-0.25 ms (encoder on 2 cores, measured in
+the stub: 2-4% of a lone request). So the figures are counters that add up (batches of each size,
+not a histogram observed per pass), and /metrics lags the traffic by up to that interval."""
 
 from __future__ import annotations
 
-import time
+import os
+import threading
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidepool.pool import MemoryPool, PoolStats
 from tidepool.pool.ledger import NodeLedger
+from tidepool.spec import ConfigError
 
-BATCH_SIZE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+INTERVAL_VARIABLE = "TIDEPOOL_METRICS_INTERVAL_S"
+DEFAULT_INTERVAL_S = 0.5
 
 GAUGES = {
     "tidepool_pool_reserved_bytes": ("reserved_bytes", "Bytes the instance's pool holds from upstream"),
@@ -34,7 +43,7 @@ COUNTERS = {
     "tidepool_budget_denials_total": ("budget_denials", "Reservations the node's memory budget refused it"),
 }
 # The node's budget and what its whole ledger holds, per tier: every instance reports the same
-# figures under its own labels (take the max across instances), read after each execution.
+# figures under its own labels (take the max across instances), read at each flush.
 NODE_GAUGES = {
     "tidepool_node_budget_bytes": "The memory budget the server's pools share, per tier",
     "tidepool_node_reserved_bytes": "Bytes every pool of the server holds together, per tier",
@@ -43,11 +52,11 @@ NODE_GAUGES = {
 
 PAGE_FAULTS = "tidepool_page_faults_total"  # reported with the pool on and off alike
 PLAN_GENERATION = "tidepool_plan_generation"
-BATCH_SIZE = "tidepool_batch_size"
+BATCHES = "tidepool_batches_total"  # labelled batch_size: rows of the forward pass
+BATCH_ROWS = "tidepool_batch_rows_total"
 # Elastic threads only (runtime/cores.py): how the cores were shared, pass by pass.
-ELASTIC_THREADS = "tidepool_elastic_threads"
+ELASTIC_PASSES = "tidepool_elastic_passes_total"  # labelled threads
 ELASTIC_WAIT = "tidepool_elastic_wait_us_total"
-THREAD_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
 @dataclass(frozen=True)
@@ -55,28 +64,50 @@ class Family:
     """One metric family besides the pool's gauges and counters (GAUGES, COUNTERS)."""
 
     name: str
-    kind: str  # GAUGE, COUNTER or HISTOGRAM, as pb_utils.MetricFamily names them
+    kind: str  # GAUGE or COUNTER, as pb_utils.MetricFamily names them
     description: str
-    buckets: tuple[int, ...] = ()  # a histogram's
+    label: str = ""  # one metric per value of this label, made as the value first turns up
     elastic_only: bool = False  # created only for instances with elastic threads
 
 
 FAMILIES = (
-    Family(BATCH_SIZE, "HISTOGRAM", "Rows of the batches execute ran through the model",
-           tuple(BATCH_SIZE_BUCKETS)),
+    Family(BATCHES, "COUNTER", "Forward passes execute ran, by rows in the batch", label="batch_size"),
+    Family(BATCH_ROWS, "COUNTER", "Rows of the batches execute ran through the model"),
     Family(PAGE_FAULTS, "COUNTER", "Minor page faults during execute: memory the instance touched afresh"),
     Family(PLAN_GENERATION, "GAUGE",
            "Which config the instance serves: 0 as written, N after the N-th live re-plan"),
-    Family(ELASTIC_THREADS, "HISTOGRAM", "Torch threads of each forward pass of an elastic instance",
-           tuple(THREAD_BUCKETS), elastic_only=True),
+    Family(ELASTIC_PASSES, "COUNTER", "Forward passes of an elastic instance, by torch threads",
+           label="threads", elastic_only=True),
     Family(ELASTIC_WAIT, "COUNTER",
            "Microseconds forward passes of an elastic instance waited for a free core", elastic_only=True),
 )  # fmt: skip
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
 ROUNDING = {"reuse_ratio": 4, "fragmentation": 3}
-# Fragmentation needs the largest free block, found by walking every arena under the pool's lock.
-FRAGMENTATION_INTERVAL_S = 1.0
+
+
+def flush_interval_s() -> float:
+    """How often an instance sends its metrics, from TIDEPOOL_METRICS_INTERVAL_S."""
+    text = os.environ.get(INTERVAL_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.01 <= seconds <= 60:
+        raise ConfigError(f"{INTERVAL_VARIABLE} must be a number of seconds from 0.01 to 60, got {text!r}")
+    return seconds
+
+
+@dataclass
+class Noted:
+    """What executions noted since the last flush."""
+
+    batches: Counter[int] = field(default_factory=Counter)  # rows -> passes
+    page_faults: int = 0
+    passes_by_threads: Counter[int] = field(default_factory=Counter)
+    waited_ns: int = 0
 
 
 class InstanceMetrics:
@@ -84,111 +115,159 @@ class InstanceMetrics:
 
     @classmethod
     def create(
-        cls, pb_utils: Any, model: str, instance: str, elastic: bool = False, tiers: Sequence[str] = ()
+        cls,
+        pb_utils: Any,
+        model: str,
+        instance: str,
+        pool: MemoryPool | None = None,
+        ledgers: Sequence[NodeLedger] = (),
+        elastic: bool = False,
     ) -> tuple[InstanceMetrics | None, str]:
         """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
-        `--allow-metrics=false`, and then refuses to create metric families). `elastic`: also the
-        torch threads of each forward pass and the time passes waited for a core. `tiers`: the node
-        ledgers the instance's pools reserve from."""
+        `--allow-metrics=false`, and then refuses to create metric families). `pool` and `ledgers`
+        are read at each flush; `elastic`: also the passes by threads and the time they waited."""
         try:
-            return cls(pb_utils, model, instance, elastic, tiers), "custom metrics on"
+            return cls(pb_utils, model, instance, pool, ledgers, elastic), "custom metrics on"
         except Exception as exc:  # the stub raises TritonModelException; its type is not importable
             return None, f"custom metrics off (the server refused them: {exc})"
 
     def __init__(
-        self, pb_utils: Any, model: str, instance: str, elastic: bool = False, tiers: Sequence[str] = ()
+        self,
+        pb_utils: Any,
+        model: str,
+        instance: str,
+        pool: MemoryPool | None = None,
+        ledgers: Sequence[NodeLedger] = (),
+        elastic: bool = False,
     ) -> None:
         family = pb_utils.MetricFamily
-        labels = {"model": model, "instance": instance}
+        self.labels = {"model": model, "instance": instance}
+        self.pool = pool
+        self.ledgers = list(ledgers)
         # Triton deletes a family's metrics with the family: keep every family alive here.
         self.families = {
             name: family(name=name, description=text, kind=kind)
             for kind, table in ((family.GAUGE, GAUGES), (family.COUNTER, COUNTERS))
             for name, (_, text) in table.items()
         }
-        self.gauges = {
-            field: self.families[name].Metric(labels=labels) for name, (field, _) in GAUGES.items()
-        }
-        self.counters = {
-            field: self.families[name].Metric(labels=labels) for name, (field, _) in COUNTERS.items()
-        }
+        self.gauges = {stat: self._metric(name) for name, (stat, _) in GAUGES.items()}
+        self.counters = {stat: self._metric(name) for name, (stat, _) in COUNTERS.items()}
         self.counted = dict.fromkeys(self.counters, 0)
         self.last: dict[str, float] = {}
-        others: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}  # families without a label
+        self.labelled: dict[tuple[str, int], Any] = {}  # (family, label value) -> metric
         for spec in FAMILIES:
             if spec.elastic_only and not elastic:
                 continue
-            made = family(name=spec.name, description=spec.description, kind=getattr(family, spec.kind))
-            self.families[spec.name] = made
-            buckets = {"buckets": list(spec.buckets)} if spec.buckets else {}
-            others[spec.name] = made.Metric(labels=labels, **buckets)
-        self.batch_size = others[BATCH_SIZE]
-        self.page_faults = others[PAGE_FAULTS]
-        self.plan_generation = others[PLAN_GENERATION]
-        self.elastic_threads: Any = others.get(ELASTIC_THREADS)
-        self.elastic_wait_us: Any = others.get(ELASTIC_WAIT)
-        self.walked_at = -FRAGMENTATION_INTERVAL_S
+            self.families[spec.name] = family(
+                name=spec.name, description=spec.description, kind=getattr(family, spec.kind)
+            )
+            if not spec.label:
+                self.metrics[spec.name] = self._metric(spec.name)
         self.node: dict[str, list[Any]] = {}  # tier -> [budget gauge, reserved gauge]
-        if tiers:
+        if self.ledgers:
             for name, text in NODE_GAUGES.items():
                 self.families[name] = family(name=name, description=text, kind=family.GAUGE)
-            for tier in tiers:
-                tier_labels = {**labels, "tier": tier}
-                self.node[tier] = [self.families[name].Metric(labels=tier_labels) for name in NODE_GAUGES]
+            for ledger in self.ledgers:
+                self.node[ledger.tier] = [self._metric(name, tier=ledger.tier) for name in NODE_GAUGES]
+        self.sent_wait_us = 0
+        self.waited_ns = 0
+        self._noted = Noted()
+        self._noted_lock = threading.Lock()  # execute notes while the flush thread takes them
+        self._send_lock = threading.Lock()  # one flush at a time
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
 
-    def record(self, batches: Sequence[int], page_faults: int, pool: MemoryPool | None) -> None:
-        """After an execution: its batch sizes, page faults and the pool's figures."""
-        for rows in batches:
-            self.record_batch(rows)
-        self.record_page_faults(page_faults)
-        if pool is not None:
-            now = time.monotonic()
-            walk = now - self.walked_at >= FRAGMENTATION_INTERVAL_S
-            if walk:
-                self.walked_at = now
-            self.record_pool(pool.stats(walk_arenas=walk))
+    # -- from execute: no messages -----------------------------------------------------------
 
-    def record_node(self, ledgers: Sequence[NodeLedger]) -> None:
-        """The node budget and the whole ledger's reserved bytes of each tier, where they changed."""
-        for ledger in ledgers:
-            gauges = self.node.get(ledger.tier)
-            if gauges is None:
+    def note(self, batches: Sequence[int], page_faults: int, threads: int = 0, waited_ns: int = 0) -> None:
+        """After an execution: its batch sizes and page faults; for an elastic instance, the
+        threads its pass ran with and how long it waited for them. Sent at the next flush."""
+        with self._noted_lock:
+            noted = self._noted
+            noted.batches.update(rows for rows in batches if rows > 0)
+            noted.page_faults += max(0, page_faults)
+            if threads > 0:
+                noted.passes_by_threads[threads] += 1
+                noted.waited_ns += waited_ns
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def start(self, interval_s: float) -> None:
+        """Flush every `interval_s` from a daemon thread until `close`."""
+        self.interval_s = interval_s
+        self._flusher = threading.Thread(target=self._flush_every_interval, name="tidepool-metrics")
+        self._flusher.daemon = True
+        self._flusher.start()
+
+    def close(self) -> None:
+        """Stop the thread and send what is left."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        self.flush()
+
+    def _flush_every_interval(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # noqa: S112 - a failed send must not end the thread; the next retries
                 continue
+
+    def flush(self) -> None:
+        """Send what executions noted and what changed in the pool and the node budget."""
+        with self._send_lock:
+            with self._noted_lock:
+                noted, self._noted = self._noted, Noted()
+            for rows, passes in sorted(noted.batches.items()):
+                self._labelled(BATCHES, "batch_size", rows).increment(passes)
+            if noted.batches:
+                self.metrics[BATCH_ROWS].increment(sum(rows * n for rows, n in noted.batches.items()))
+            if noted.page_faults:
+                self.metrics[PAGE_FAULTS].increment(noted.page_faults)
+            if ELASTIC_WAIT in self.metrics:
+                for threads, passes in sorted(noted.passes_by_threads.items()):
+                    self._labelled(ELASTIC_PASSES, "threads", threads).increment(passes)
+                self.waited_ns += noted.waited_ns
+                waited_us = self.waited_ns // 1000
+                if waited_us > self.sent_wait_us:
+                    self.metrics[ELASTIC_WAIT].increment(waited_us - self.sent_wait_us)
+                    self.sent_wait_us = waited_us
+            if self.pool is not None:
+                self.record_pool(self.pool.stats())
+            self.record_node()
+
+    def set_plan_generation(self, generation: int) -> None:
+        self.metrics[PLAN_GENERATION].set(generation)
+
+    def _metric(self, family: str, **labels: str) -> Any:
+        return self.families[family].Metric(labels={**self.labels, **labels})
+
+    def _labelled(self, family: str, label: str, value: int) -> Any:
+        key = (family, value)
+        if key not in self.labelled:
+            self.labelled[key] = self._metric(family, **{label: str(value)})
+        return self.labelled[key]
+
+    def record_node(self) -> None:
+        """The node budget and the whole ledger's reserved bytes of each tier, where they changed."""
+        for ledger in self.ledgers:
             values = (ledger.budget, ledger.reserved_total())
-            for name, gauge, value in zip(NODE_GAUGES, gauges, values, strict=True):
-                key = f"{name} {ledger.tier}"
-                if self.last.get(key) != value:
-                    gauge.set(value)
-                    self.last[key] = value
-
-    def record_elastic(self, threads: int, waited_ns: int) -> None:
-        """After an elastic instance's execution: the threads it ran with and how long it waited."""
-        if self.elastic_threads is not None and threads > 0:
-            self.elastic_threads.observe(threads)
-            if waited_ns >= 1000:
-                self.elastic_wait_us.increment(waited_ns // 1000)
-
-    def record_page_faults(self, count: int) -> None:
-        if count > 0:
-            self.page_faults.increment(count)
-
-    def record_batch(self, rows: int) -> None:
-        if rows > 0:
-            self.batch_size.observe(rows)
+            for name, gauge, value in zip(NODE_GAUGES, self.node[ledger.tier], values, strict=True):
+                self._set_if_changed(f"{name} {ledger.tier}", gauge, value)
 
     def record_pool(self, stats: PoolStats) -> None:
-        """Send only what changed: each set() is a message from the stub to the server, and this
-        runs after every execution."""
-        for field, gauge in self.gauges.items():
-            value = getattr(stats, field)
-            if value is None:
-                continue  # not read this time (fragmentation between walks)
-            current = round(float(value), ROUNDING.get(field, 0))
-            if self.last.get(field) != current:
-                gauge.set(current)
-                self.last[field] = current
-        for field, counter in self.counters.items():
-            grown = int(getattr(stats, field)) - self.counted[field]
+        for stat, gauge in self.gauges.items():
+            value = getattr(stats, stat)
+            if value is not None:
+                self._set_if_changed(stat, gauge, round(float(value), ROUNDING.get(stat, 0)))
+        for stat, counter in self.counters.items():
+            grown = int(getattr(stats, stat)) - self.counted[stat]
             if grown > 0:
                 counter.increment(grown)
-                self.counted[field] += grown
+                self.counted[stat] += grown
+
+    def _set_if_changed(self, key: str, gauge: Any, value: float) -> None:
+        if self.last.get(key) != value:
+            gauge.set(value)
+            self.last[key] = value

@@ -5,14 +5,13 @@ objects into numpy and back around `ModelInstance`."""
 from __future__ import annotations
 
 import json
-import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tidepool.runtime.cores import at_lower_priority, loading_niceness, prepare_openmp
-from tidepool.runtime.metrics import InstanceMetrics
+from tidepool.runtime.metrics import InstanceMetrics, flush_interval_s
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
 
@@ -59,6 +58,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         notes = [prepare_openmp(config)]
+        metrics_interval_s = flush_interval_s()  # a bad value is refused before the model loads
         placement = Placement.from_triton_args(args)
 
         def load() -> ModelInstance:
@@ -73,21 +73,18 @@ class TritonPythonModel:
         self.instance = at_lower_priority(load, niceness)
         if niceness:
             notes.append(f"loaded at nice +{niceness}")
-        ledgers = self.instance.ledgers
         self.metrics, metrics_note = InstanceMetrics.create(
             pb_utils,
             args["model_name"],
             args["model_instance_name"],
-            self.instance.core_share is not None,
-            tiers=[ledger.tier for ledger in ledgers],
+            self.instance.pool,
+            self.instance.ledgers,
+            elastic=self.instance.core_share is not None,
         )
-        # Metrics are sent from the stub's main thread after each execution, and from the background
-        # check after a trim: one at a time.
-        self.metrics_lock = threading.Lock()
         if self.metrics is not None:
-            self.metrics.plan_generation.set(self.instance.settings.plan_generation)
-            self.record_memory()
-            self.instance.on_trimmed = self.record_memory
+            self.metrics.set_plan_generation(self.instance.settings.plan_generation)
+            self.metrics.flush()
+            self.metrics.start(metrics_interval_s)
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
             + "".join(f"; {note}" for note in notes if note)
@@ -98,21 +95,12 @@ class TritonPythonModel:
         execution = self.instance.execute(inputs)
         responses = responses_for(execution)
         if self.metrics is not None:
-            with self.metrics_lock:
-                self.metrics.record(execution.batches, execution.page_faults, self.instance.pool)
-                self.metrics.record_node(self.instance.ledgers)
-                share = self.instance.core_share
-                if share is not None:
-                    self.metrics.record_elastic(execution.torch_threads, share.last_wait_ns)
+            share = self.instance.core_share
+            waited_ns = share.last_wait_ns if share is not None else 0
+            self.metrics.note(execution.batches, execution.page_faults, execution.torch_threads, waited_ns)
         return responses
 
-    def record_memory(self) -> None:
-        """The pool's figures and the node ledger's, now."""
-        assert self.metrics is not None
-        with self.metrics_lock:
-            if self.instance.pool is not None:
-                self.metrics.record_pool(self.instance.pool.stats(walk_arenas=False))
-            self.metrics.record_node(self.instance.ledgers)
-
     def finalize(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.instance.close()
