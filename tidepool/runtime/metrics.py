@@ -24,6 +24,7 @@ from tidepool.spec import ConfigError
 
 INTERVAL_VARIABLE = "TIDEPOOL_METRICS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 0.5
+CLOSE_WAIT_S = 5.0  # how long `close` waits for a send under way
 
 GAUGES = {
     "tidepool_pool_reserved_bytes": ("reserved_bytes", "Bytes the instance's pool holds from upstream"),
@@ -201,10 +202,13 @@ class InstanceMetrics:
         self._flusher.start()
 
     def close(self) -> None:
-        """Stop the thread and send what is left."""
+        """Stop the thread and send what is left (not where a send hangs: a server shutting down
+        may no longer answer, and the instance must still end)."""
         self._stop.set()
         if self._flusher is not None:
-            self._flusher.join()
+            self._flusher.join(timeout=CLOSE_WAIT_S)
+            if self._flusher.is_alive():
+                return
         self.flush()
 
     def _flush_every_interval(self) -> None:
