@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.in_turn import spread
-from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
+from tidepool.clients.locust_run import LoadSettings, LoadSummary, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
 from tidepool.configfile import copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
@@ -70,7 +70,7 @@ def step_ends(
 
 
 def served_run(repository: Path, model: str, steps: str, step_seconds: float, watch: list[str] | None,
-               report_dir: Path) -> tuple[object, list[str], float]:  # fmt: skip
+               report_dir: Path) -> tuple[LoadSummary, list[str], float]:  # fmt: skip
     """Serve, load with Locust (and run the watcher beside it); the summary, the watcher's lines
     and the plan generation the server reports at the end."""
     config = ServerConfig.on_free_ports(repository, model_control="explicit")

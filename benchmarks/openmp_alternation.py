@@ -30,7 +30,7 @@ def worker(pipe: Connection, spin: str | None, threads: int) -> None:
     import torch
 
     sys.path.insert(0, str(MODEL_REPOSITORY / "encoder"))
-    import encoder_model
+    import encoder_model  # type: ignore[import-not-found]  # the example model's file, on sys.path above
 
     from tidepool.runtime.graph import freeze
 

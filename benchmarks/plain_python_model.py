@@ -25,6 +25,7 @@ class TritonPythonModel:
         spec = importlib.util.spec_from_file_location(
             module_name, os.path.join(directory, module_name + ".py")
         )
+        assert spec is not None and spec.loader is not None, f"cannot load {module_name}.py"
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         self.model = getattr(module, function)().eval()

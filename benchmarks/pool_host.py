@@ -105,7 +105,7 @@ def bench_replay(executions: int, threshold: float, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     pool = MemoryPool("host", fragmentation_threshold=threshold)
     warmup = list(range(1, 33))  # every batch size once
-    fragmentation = []
+    fragmentation: list[float] = []
     began = time.perf_counter()
     after_warmup = None
     for index, batch in enumerate(warmup + list(rng.integers(1, 33, size=executions))):
@@ -115,9 +115,10 @@ def bench_replay(executions: int, threshold: float, seed: int = 0) -> None:
         if index == len(warmup) - 1:
             after_warmup = pool.stats()
         elif index >= len(warmup):
-            fragmentation.append(pool.stats().fragmentation)
+            fragmentation.append(pool.stats().fragmentation or 0.0)
     elapsed = time.perf_counter() - began
     stats = pool.stats()
+    assert after_warmup is not None
     allocs = stats.num_allocs - after_warmup.num_allocs
     hits = stats.cache_hits - after_warmup.cache_hits
     print(
