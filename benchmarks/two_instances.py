@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.in_turn import Target, copy_variant, in_turn, spread
+from benchmarks.in_turn import Target, copy_variant, in_turn, median_of, spread, throughputs
 from benchmarks.plan_vs_grid import plain_model
-from tidepool.clients.connection import Connection
 from tidepool.configfile import read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
@@ -45,15 +43,6 @@ def build(repository: Path, source: Path, cores: int) -> dict[str, str]:
     return {label: label.replace(" ", "_") for label in BASELINES}
 
 
-def compute_us(http: Connection, models: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """model -> (requests, compute_infer ns) as Triton counts them so far."""
-    figures = {}
-    for model in models:
-        stats = http.client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
-        figures[model] = (int(stats["success"]["count"]), int(stats["compute_infer"]["ns"]))
-    return figures
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="encoder")
@@ -65,20 +54,16 @@ def main() -> None:
         repository = Path(tmp)
         names = build(repository, MODEL_REPOSITORY / args.model, cores)
         config = ServerConfig.on_free_ports(repository, rate_limit="execution_count")
-        with TritonServer(config), Connection.open("http", config.http_url) as http:
-            before = compute_us(http, list(names.values()))
+        with TritonServer(config):
             targets = {label: Target(config.grpc_url, name) for label, name in names.items()}
             results = in_turn(targets, [1], args.rounds, args.window_s)
-            after = compute_us(http, list(names.values()))
     print(f"\n{args.model}, c=1, {cores} cores, median (min-max) of {args.rounds} rounds")
-    print("| variant | infer/s | compute per request, us | infer/s / one instance of its backend |")
+    print("| variant | infer/s | compute per request, us (median) | infer/s / one instance of its backend |")
     print("| --- | --- | --- | --- |")
-    for label, name in names.items():
-        rates = [r.throughput for r in results[label][1]]
-        baseline = [r.throughput for r in results[BASELINES[label]][1]]
-        requests = after[name][0] - before[name][0]
-        compute = (after[name][1] - before[name][1]) / max(1, requests) / 1000
-        ratio = statistics.median(rates) / statistics.median(baseline)
+    for label in names:
+        rates = throughputs(results[label][1])
+        ratio = statistics.median(rates) / median_of(results[BASELINES[label]][1], "throughput")
+        compute = median_of(results[label][1], "compute_infer_us")  # Triton's, per request
         print(f"| {label} | {spread(rates)} | {compute:.0f} | {ratio:.2f} |")
 
 
