@@ -430,10 +430,12 @@ class MemoryPool:
         nobody asked: one read of this pool's ledger row."""
         if self.budget is None or not self.budget.trim_wanted() or self._closed:
             return 0
+        with self._lock:
+            # Counted before the memory goes back: the pool that waits for it may read the
+            # figures as soon as it is released.
+            self._budget_trims += 1
         released = self.trim(keep_bytes=self.budget.floor)
         self.budget.answered()
-        with self._lock:
-            self._budget_trims += 1
         return released
 
     @property
