@@ -36,6 +36,11 @@ def test_steady_traffic_allocates_nothing_fresh_and_gives_everything_back(server
     assert load.errors == [] and len(load.latencies_ms) == 2000
     assert after["upstream_allocs_total"] == before["upstream_allocs_total"]
     assert after["reuse_ratio"] >= before["reuse_ratio"] > 0.99
+    # Python's garbage collector ran in the stubs while they served (the requests' Python objects),
+    # and each instance says how long it paused.
+    samples = scrape_flushed(server.config.metrics_url)
+    assert sum(values(samples, "tidepool_gc_collections_total", model="encoder")) >= 1
+    assert len(values(samples, "tidepool_gc_pause_us_total", model="encoder")) == 2  # both instances
 
     # Idle, each instance's pool holds exactly its last execution's blocks (its responses' memory)
     # and no more. A lone client's requests all run on the first instance (rate-limiter priorities)

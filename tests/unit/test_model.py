@@ -1,6 +1,7 @@
 """The backend's TritonPythonModel through the fake pb_utils: the whole execute path of one
 instance, its error contract and its metrics."""
 
+import gc
 import json
 import time
 
@@ -136,6 +137,26 @@ def test_execute_only_notes_metrics_and_a_flush_sends_them(pb_utils, model):
         and "tokens_0: cpu, fp32, eager graph; pool host" in logged
         and "custom metrics on" in logged
     )
+
+
+def test_garbage_collections_in_the_stub_are_counted_and_their_pause_sent(pb_utils, tmp_path, monkeypatch):
+    from tidepool.runtime.model import TritonPythonModel
+
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "60")
+    model = TritonPythonModel()
+    model.initialize(triton_args(tiny_model_dir(tmp_path)))
+    families = pb_utils.state.families
+    [pause] = families["tidepool_gc_pause_us_total"].metrics
+    model.metrics.flush()
+    paused_before = pause.value()
+    gc.collect()
+    model.metrics.flush()
+    full = next(m for m in families["tidepool_gc_collections_total"].metrics if m.labels["generation"] == "2")
+    assert full.labels["instance"] == "tokens_0" and full.value() >= 1
+    assert pause.value() > paused_before
+    watch = model.metrics.gc
+    model.finalize()
+    assert watch.on_gc not in gc.callbacks  # the watch leaves with the last instance
 
 
 def test_metrics_are_sent_by_the_instance_s_thread_and_at_finalize(pb_utils, tmp_path, monkeypatch):

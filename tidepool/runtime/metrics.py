@@ -1,6 +1,7 @@
 """Tidepool's figures as Triton custom metrics (next to Triton's own on /metrics): the pool's
-gauges and counters, the node budget, page faults, the batches `execute` ran by size, and for
-elastic instances the passes by thread count and the time they waited for a core.
+gauges and counters, the node budget, page faults, the batches `execute` ran by size, Python's
+garbage collections in the stub and their pause time, and for elastic instances the passes by
+thread count and the time they waited for a core.
 
 `execute` only notes its figures; a thread of the instance sends what changed every
 TIDEPOOL_METRICS_INTERVAL_S seconds (tritonserver's environment; default 0.5). Each update is a
@@ -20,6 +21,7 @@ from typing import Any
 
 from tidepool.pool import MemoryPool, PoolStats
 from tidepool.pool.ledger import NodeLedger
+from tidepool.runtime.gc_watch import GENERATIONS, GcTotals, GcWatch
 from tidepool.spec import ConfigError
 
 INTERVAL_VARIABLE = "TIDEPOOL_METRICS_INTERVAL_S"
@@ -58,6 +60,9 @@ BATCH_ROWS = "tidepool_batch_rows_total"
 # Elastic threads only (runtime/cores.py): how the cores were shared, pass by pass.
 ELASTIC_PASSES = "tidepool_elastic_passes_total"  # labelled threads
 ELASTIC_WAIT = "tidepool_elastic_wait_us_total"
+# Python's garbage collector in the instance's stub (runtime/gc_watch.py).
+GC_COLLECTIONS = "tidepool_gc_collections_total"  # labelled generation
+GC_PAUSE = "tidepool_gc_pause_us_total"
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Family:
     kind: str  # GAUGE or COUNTER, as pb_utils.MetricFamily names them
     description: str
     label: str = ""  # one metric per value of this label, made as the value first turns up
-    elastic_only: bool = False  # created only for instances with elastic threads
+    only_with: str = ""  # "elastic": only for elastic instances; "gc": only where the GC is watched
 
 
 FAMILIES = (
@@ -78,9 +83,14 @@ FAMILIES = (
     Family(PLAN_GENERATION, "GAUGE",
            "Which config the instance serves: 0 as written, N after the N-th live re-plan"),
     Family(ELASTIC_PASSES, "COUNTER", "Forward passes of an elastic instance, by torch threads",
-           label="threads", elastic_only=True),
+           label="threads", only_with="elastic"),
     Family(ELASTIC_WAIT, "COUNTER",
-           "Microseconds forward passes of an elastic instance waited for a free core", elastic_only=True),
+           "Microseconds forward passes of an elastic instance waited for a free core", only_with="elastic"),
+    Family(GC_COLLECTIONS, "COUNTER", "Python garbage collections in the instance's process, by generation",
+           label="generation", only_with="gc"),
+    Family(GC_PAUSE, "COUNTER",
+           "Microseconds Python's garbage collector stopped the instance's process, execute included",
+           only_with="gc"),
 )  # fmt: skip
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
@@ -123,12 +133,13 @@ class InstanceMetrics:
         pool: MemoryPool | None = None,
         ledgers: Sequence[NodeLedger] = (),
         elastic: bool = False,
+        gc: GcWatch | None = None,
     ) -> tuple[InstanceMetrics | None, str]:
         """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
-        `--allow-metrics=false`, and then refuses to create metric families). `pool` and `ledgers`
-        are read at each flush; `elastic`: also the passes by threads and the time they waited."""
+        `--allow-metrics=false`, and then refuses to create metric families). `pool`, `ledgers` and
+        `gc` are read at each flush; `elastic`: also the passes by threads and the time they waited."""
         try:
-            return cls(pb_utils, model, instance, pool, ledgers, elastic), "custom metrics on"
+            return cls(pb_utils, model, instance, pool, ledgers, elastic, gc), "custom metrics on"
         except Exception as exc:  # the stub raises TritonModelException; its type is not importable
             return None, f"custom metrics off (the server refused them: {exc})"
 
@@ -140,11 +151,13 @@ class InstanceMetrics:
         pool: MemoryPool | None = None,
         ledgers: Sequence[NodeLedger] = (),
         elastic: bool = False,
+        gc: GcWatch | None = None,
     ) -> None:
         family = pb_utils.MetricFamily
         self.labels = {"model": model, "instance": instance}
         self.pool = pool
         self.ledgers = list(ledgers)
+        self.gc = gc
         # Triton deletes a family's metrics with the family: keep every family alive here.
         self.families = {
             name: family(name=name, description=text, kind=kind)
@@ -158,7 +171,7 @@ class InstanceMetrics:
         self.metrics: dict[str, Any] = {}  # families without a label
         self.labelled: dict[tuple[str, int], Any] = {}  # (family, label value) -> metric
         for spec in FAMILIES:
-            if spec.elastic_only and not elastic:
+            if (spec.only_with == "elastic" and not elastic) or (spec.only_with == "gc" and gc is None):
                 continue
             self.families[spec.name] = family(
                 name=spec.name, description=spec.description, kind=getattr(family, spec.kind)
@@ -173,6 +186,7 @@ class InstanceMetrics:
                 self.node[ledger.tier] = [self._metric(name, tier=ledger.tier) for name in NODE_GAUGES]
         self.sent_wait_us = 0
         self.waited_ns = 0
+        self.sent_gc = GcTotals((0,) * GENERATIONS, 0)
         self._noted = Noted()
         self._noted_lock = threading.Lock()  # execute notes while the flush thread takes them
         self._send_lock = threading.Lock()  # one flush at a time
@@ -237,6 +251,8 @@ class InstanceMetrics:
                 if waited_us > self.sent_wait_us:
                     self.metrics[ELASTIC_WAIT].increment(waited_us - self.sent_wait_us)
                     self.sent_wait_us = waited_us
+            if self.gc is not None:
+                self.record_gc(self.gc.totals())
             if self.pool is not None:
                 self.record_pool(self.pool.stats())
             self.record_node()
@@ -259,6 +275,17 @@ class InstanceMetrics:
             values = (ledger.budget, ledger.reserved_total())
             for name, gauge, value in zip(NODE_GAUGES, self.node[ledger.tier], values, strict=True):
                 self._set_if_changed(f"{name} {ledger.tier}", gauge, value)
+
+    def record_gc(self, totals: GcTotals) -> None:
+        """What the garbage collector did since the last flush: collections and whole microseconds."""
+        sent = self.sent_gc
+        for generation, (now, before) in enumerate(zip(totals.collections, sent.collections, strict=True)):
+            if now > before:
+                self._labelled(GC_COLLECTIONS, "generation", generation).increment(now - before)
+        pause_us = totals.pause_ns // 1000 - sent.pause_ns // 1000
+        if pause_us > 0:
+            self.metrics[GC_PAUSE].increment(pause_us)
+        self.sent_gc = totals
 
     def record_pool(self, stats: PoolStats) -> None:
         for stat, gauge in self.gauges.items():

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tidepool.runtime import gc_watch
 from tidepool.runtime.cores import at_lower_priority, loading_niceness, prepare_openmp
 from tidepool.runtime.metrics import InstanceMetrics, flush_interval_s
 from tidepool.runtime.settings import Placement
@@ -80,6 +81,7 @@ class TritonPythonModel:
             self.instance.pool,
             self.instance.ledgers,
             elastic=self.instance.core_share is not None,
+            gc=gc_watch.start_watching(),
         )
         if self.metrics is not None:
             self.metrics.set_plan_generation(self.instance.settings.plan_generation)
@@ -103,4 +105,5 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        gc_watch.stop_watching()
         self.instance.close()
