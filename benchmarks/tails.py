@@ -3,19 +3,37 @@ same model (same total torch threads, a 2 ms queue delay, each split of the core
 per rate-limit mode, levels taken in turn, --rounds rounds. Prints per level throughput, p50 and p99
 of the shipped config under the rate limiter (`tidepool serve`) and without it (as plain
 tritonserver serves it), and of the best plain Python backend there (by throughput), with the
-ratios p99 shipped / p99 plain and throughput shipped / plain, and a lone request's p99 / p50.
+ratios p99 shipped / p99 plain and throughput shipped / plain, a lone request's p99 / p50, and in
+how many rounds the shipped config's p99 was at or under the plain backend's measured in the same
+round (and its throughput at or over): a paired count, which drift between rounds does not sway.
+
+With --sources, also what the tail comes from, under plain tritonserver: the shipped config beside
+itself with fixed threads (elastic threads off, the cores split among its instances) and one
+instance with every core (no second instance to take turns with), p50, p90 and p99 per level.
 
     .venv/bin/python -m benchmarks.tails [--models encoder,convnet] [--levels 1,2,4,8,16] [--rounds 3]
+        [--sources]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.in_turn import Variant, add_in_turn_arguments, copy_variant, median_of, serve_in_turn, spread
+from benchmarks.in_turn import (
+    Results,
+    Variant,
+    add_in_turn_arguments,
+    copy_variant,
+    median_of,
+    serve_in_turn,
+    spread,
+)
 from benchmarks.plan_vs_grid import PLAIN_DELAY_US, plain_model
+from tidepool.clients.sweep import LevelResult
+from tidepool.configfile import read_config
 from tidepool.machine import usable_cores
 from tidepool.planning.candidates import thread_splits
 from tidepool.spec import positive_ints
@@ -27,6 +45,7 @@ SHIPPED = {"serve": "execution_count", "plain": "off"}  # label -> the server's 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_in_turn_arguments(parser, models=True)
+    parser.add_argument("--sources", action="store_true", help="also fixed threads and one instance")
     args = parser.parse_args()
     levels = positive_ints(args.levels, "--levels")
     cores = usable_cores()
@@ -40,6 +59,8 @@ def main() -> None:
                 variants[f"{model} {label}"] = Variant(
                     copy_variant(source, repository, f"{model}_{label}").model, mode
                 )
+            if args.sources:
+                variants.update(source_variants(source, repository, model, cores))
             plains[model] = []
             for threads in thread_splits(cores):
                 name = f"{model}_plain{cores // threads}x{threads}"
@@ -51,8 +72,8 @@ def main() -> None:
         print(f"\n{model}: median (min-max) of {args.rounds} rounds; plain = the plain Python backend's best "
               f"split there ({PLAIN_DELAY_US / 1000:g} ms delay)")  # fmt: skip
         print("| c | launcher | infer/s | p50 ms | p99 ms | plain infer/s | plain p50 | plain p99 "
-              "| p99 / plain | infer/s / plain | p99 / p50 |")  # fmt: skip
-        print("| --- " * 11 + "|")
+              "| p99 / plain | infer/s / plain | p99 / p50 | rounds: p99 <=; infer/s >= |")  # fmt: skip
+        print("| --- " * 12 + "|")
         for level in levels:
             best = max(names, key=lambda name: median_of(results[name][level], "throughput"))
             plain = results[best][level]
@@ -66,8 +87,45 @@ def main() -> None:
                     f"{median_of(ours, 'p99_ms') / median_of(plain, 'p99_ms'):.2f}",
                     f"{median_of(ours, 'throughput') / median_of(plain, 'throughput'):.2f}",
                     f"{median_of(ours, 'p99_ms') / median_of(ours, 'p50_ms'):.2f}",
+                    paired_wins(ours, plain),
                 ]  # fmt: skip
                 print("| " + " | ".join(cells) + " |")
+        if args.sources:
+            print_sources(results, [f"{model} plain", f"{model} fixed", f"{model} one", *names], levels)
+
+
+def source_variants(source: Path, repository: Path, model: str, cores: int) -> dict[str, Variant]:
+    """The shipped config with fixed threads (its instances split the cores) and as one instance
+    with every core, both as plain tritonserver serves them (no rate limiter)."""
+    instances = sum(group.count for group in read_config(source / "config.pbtxt").instance_group) or 1
+    fixed = copy_variant(
+        source, repository, f"{model}_fixed",
+        ELASTIC_THREADS="false", TORCH_NUM_THREADS=str(max(1, cores // instances)),
+    )  # fmt: skip
+    one = copy_variant(source, repository, f"{model}_one", instances=1, TORCH_NUM_THREADS=str(cores))
+    return {f"{model} fixed": Variant(fixed.model, "off"), f"{model} one": Variant(one.model, "off")}
+
+
+def print_sources(results: Results, labels: Sequence[str], levels: Sequence[int]) -> None:
+    print("\nwhat the tail comes from (no rate limiter): median of the rounds")
+    print("| c | variant | infer/s | p50 ms | p90 ms | p99 ms | p99 / p50 |")
+    print("| --- " * 7 + "|")
+    for level in levels:
+        for label in labels:
+            rounds = results[label][level]
+            cells = [str(level), label, spread([r.throughput for r in rounds]),
+                     *(f"{median_of(rounds, f):.1f}" for f in ("p50_ms", "p90_ms", "p99_ms")),
+                     f"{median_of(rounds, 'p99_ms') / median_of(rounds, 'p50_ms'):.2f}"]  # fmt: skip
+            print("| " + " | ".join(cells) + " |")
+
+
+def paired_wins(ours: Sequence[LevelResult], plain: Sequence[LevelResult]) -> str:
+    """'k/n; m/n': in k of n rounds our p99 was at or under the plain backend's of the same round,
+    in m our throughput at or over it. Both were measured minutes apart at most, in turn."""
+    pairs = list(zip(ours, plain, strict=True))
+    tails = sum(a.p99_ms <= b.p99_ms for a, b in pairs)
+    rates = sum(a.throughput >= b.throughput for a, b in pairs)
+    return f"{tails}/{len(pairs)}; {rates}/{len(pairs)}"
 
 
 if __name__ == "__main__":
