@@ -159,6 +159,24 @@ def test_garbage_collections_in_the_stub_are_counted_and_their_pause_sent(pb_uti
     assert watch.on_gc not in gc.callbacks  # the watch leaves with the last instance
 
 
+def test_an_instance_that_joins_a_shared_watch_sends_only_the_collections_after_it(pb_utils):
+    from tidepool.runtime import gc_watch
+    from tidepool.runtime.metrics import InstanceMetrics
+
+    watch = gc_watch.start_watching()
+    try:
+        gc.collect()  # before this instance: another's
+        metrics = InstanceMetrics(pb_utils, "tokens", "tokens_1", gc=watch)
+        metrics.flush()
+        assert pb_utils.state.families["tidepool_gc_collections_total"].metrics == []
+        gc.collect()
+        metrics.flush()
+        collections = pb_utils.state.families["tidepool_gc_collections_total"].metrics
+        assert [m.value() for m in collections if m.labels["generation"] == "2"] == [1]
+    finally:
+        gc_watch.stop_watching()
+
+
 def test_metrics_are_sent_by_the_instance_s_thread_and_at_finalize(pb_utils, tmp_path, monkeypatch):
     from tidepool.runtime.model import TritonPythonModel
 

@@ -186,7 +186,8 @@ class InstanceMetrics:
                 self.node[ledger.tier] = [self._metric(name, tier=ledger.tier) for name in NODE_GAUGES]
         self.sent_wait_us = 0
         self.waited_ns = 0
-        self.sent_gc = GcTotals((0,) * GENERATIONS, 0)
+        # Where the watch is shared (several instances in one process), only what comes after.
+        self.sent_gc = gc.totals() if gc is not None else GcTotals((0,) * GENERATIONS, 0)
         self._noted = Noted()
         self._noted_lock = threading.Lock()  # execute notes while the flush thread takes them
         self._send_lock = threading.Lock()  # one flush at a time
