@@ -213,8 +213,10 @@ def test_with_metrics_off_the_model_loads_serves_and_says_so(pb_utils, tmp_path)
     from tidepool.runtime.model import TritonPythonModel
 
     pb_utils.state.metrics_enabled = False  # as tritonserver --allow-metrics=false
+    callbacks = list(gc.callbacks)
     model = TritonPythonModel()
     model.initialize(triton_args(tiny_model_dir(tmp_path)))
+    assert gc.callbacks == callbacks  # no garbage-collector watch without metrics to send it
     [response] = model.execute([request(pb_utils, np.ones((1, 6)), 2.0)])
     np.testing.assert_allclose(output_of(response, "OUT"), np.full((1, 6), 2.0))
     assert "custom metrics off" in pb_utils.state.logged[0][1] and not pb_utils.state.families

@@ -83,7 +83,9 @@ class TritonPythonModel:
             elastic=self.instance.core_share is not None,
             gc=gc_watch.start_watching(),
         )
-        if self.metrics is not None:
+        if self.metrics is None:
+            gc_watch.stop_watching()  # nobody to send its figures to
+        else:
             self.metrics.set_plan_generation(self.instance.settings.plan_generation)
             self.metrics.flush()
             self.metrics.start(metrics_interval_s)
@@ -105,5 +107,5 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
-        gc_watch.stop_watching()
+            gc_watch.stop_watching()
         self.instance.close()
