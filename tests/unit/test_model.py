@@ -154,19 +154,19 @@ def test_garbage_collections_in_the_stub_are_counted_and_their_pause_sent(pb_uti
     full = next(m for m in families["tidepool_gc_collections_total"].metrics if m.labels["generation"] == "2")
     assert full.labels["instance"] == "tokens_0" and full.value() >= 1
     assert pause.value() > paused_before
-    watch = model.metrics.gc
+    watch = model.metrics.sources.gc
     model.finalize()
     assert watch.on_gc not in gc.callbacks  # the watch leaves with the last instance
 
 
 def test_an_instance_that_joins_a_shared_watch_sends_only_the_collections_after_it(pb_utils):
     from tidepool.runtime import gc_watch
-    from tidepool.runtime.metrics import InstanceMetrics
+    from tidepool.runtime.metrics import InstanceMetrics, MetricSources
 
     watch = gc_watch.start_watching()
     try:
         gc.collect()  # before this instance: another's
-        metrics = InstanceMetrics(pb_utils, "tokens", "tokens_1", gc=watch)
+        metrics = InstanceMetrics(pb_utils, "tokens", "tokens_1", MetricSources(gc=watch))
         metrics.flush()
         assert pb_utils.state.families["tidepool_gc_collections_total"].metrics == []
         gc.collect()

@@ -121,43 +121,40 @@ class Noted:
     waited_ns: int = 0
 
 
+@dataclass(frozen=True)
+class MetricSources:
+    """What an instance's metrics read at each flush besides what `execute` notes: its pool, the
+    node budget's ledgers and the garbage-collector watch; `elastic`: its passes share the cores
+    (elastic threads), so the passes by threads and their waits are sent too."""
+
+    pool: MemoryPool | None = None
+    ledgers: Sequence[NodeLedger] = ()
+    elastic: bool = False
+    gc: GcWatch | None = None
+
+    def offer(self, only_with: str) -> bool:
+        """Whether a family created `only_with` this ("": every instance) applies here."""
+        return {"": True, "elastic": self.elastic, "gc": self.gc is not None}[only_with]
+
+
 class InstanceMetrics:
     """One instance's metrics; `pb_utils` is passed in so this module imports without Triton."""
 
     @classmethod
     def create(
-        cls,
-        pb_utils: Any,
-        model: str,
-        instance: str,
-        pool: MemoryPool | None = None,
-        ledgers: Sequence[NodeLedger] = (),
-        elastic: bool = False,
-        gc: GcWatch | None = None,
+        cls, pb_utils: Any, model: str, instance: str, sources: MetricSources
     ) -> tuple[InstanceMetrics | None, str]:
         """The instance's metrics, or None and why not (the server runs with metrics off, e.g.
-        `--allow-metrics=false`, and then refuses to create metric families). `pool`, `ledgers` and
-        `gc` are read at each flush; `elastic`: also the passes by threads and the time they waited."""
+        `--allow-metrics=false`, and then refuses to create metric families)."""
         try:
-            return cls(pb_utils, model, instance, pool, ledgers, elastic, gc), "custom metrics on"
+            return cls(pb_utils, model, instance, sources), "custom metrics on"
         except Exception as exc:  # the stub raises TritonModelException; its type is not importable
             return None, f"custom metrics off (the server refused them: {exc})"
 
-    def __init__(
-        self,
-        pb_utils: Any,
-        model: str,
-        instance: str,
-        pool: MemoryPool | None = None,
-        ledgers: Sequence[NodeLedger] = (),
-        elastic: bool = False,
-        gc: GcWatch | None = None,
-    ) -> None:
+    def __init__(self, pb_utils: Any, model: str, instance: str, sources: MetricSources) -> None:
         family = pb_utils.MetricFamily
         self.labels = {"model": model, "instance": instance}
-        self.pool = pool
-        self.ledgers = list(ledgers)
-        self.gc = gc
+        self.sources = sources
         # Triton deletes a family's metrics with the family: keep every family alive here.
         self.families = {
             name: family(name=name, description=text, kind=kind)
@@ -171,7 +168,7 @@ class InstanceMetrics:
         self.metrics: dict[str, Any] = {}  # families without a label
         self.labelled: dict[tuple[str, int], Any] = {}  # (family, label value) -> metric
         for spec in FAMILIES:
-            if (spec.only_with == "elastic" and not elastic) or (spec.only_with == "gc" and gc is None):
+            if not sources.offer(spec.only_with):
                 continue
             self.families[spec.name] = family(
                 name=spec.name, description=spec.description, kind=getattr(family, spec.kind)
@@ -179,15 +176,15 @@ class InstanceMetrics:
             if not spec.label:
                 self.metrics[spec.name] = self._metric(spec.name)
         self.node: dict[str, list[Any]] = {}  # tier -> [budget gauge, reserved gauge]
-        if self.ledgers:
+        if sources.ledgers:
             for name, text in NODE_GAUGES.items():
                 self.families[name] = family(name=name, description=text, kind=family.GAUGE)
-            for ledger in self.ledgers:
+            for ledger in sources.ledgers:
                 self.node[ledger.tier] = [self._metric(name, tier=ledger.tier) for name in NODE_GAUGES]
         self.sent_wait_us = 0
         self.waited_ns = 0
         # Where the watch is shared (several instances in one process), only what comes after.
-        self.sent_gc = gc.totals() if gc is not None else GcTotals((0,) * GENERATIONS, 0)
+        self.sent_gc = sources.gc.totals() if sources.gc is not None else GcTotals((0,) * GENERATIONS, 0)
         self._noted = Noted()
         self._noted_lock = threading.Lock()  # execute notes while the flush thread takes them
         self._send_lock = threading.Lock()  # one flush at a time
@@ -252,10 +249,10 @@ class InstanceMetrics:
                 if waited_us > self.sent_wait_us:
                     self.metrics[ELASTIC_WAIT].increment(waited_us - self.sent_wait_us)
                     self.sent_wait_us = waited_us
-            if self.gc is not None:
-                self.record_gc(self.gc.totals())
-            if self.pool is not None:
-                self.record_pool(self.pool.stats())
+            if self.sources.gc is not None:
+                self.record_gc(self.sources.gc.totals())
+            if self.sources.pool is not None:
+                self.record_pool(self.sources.pool.stats())
             self.record_node()
 
     def set_plan_generation(self, generation: int) -> None:
@@ -272,7 +269,7 @@ class InstanceMetrics:
 
     def record_node(self) -> None:
         """The node budget and the whole ledger's reserved bytes of each tier, where they changed."""
-        for ledger in self.ledgers:
+        for ledger in self.sources.ledgers:
             values = (ledger.budget, ledger.reserved_total())
             for name, gauge, value in zip(NODE_GAUGES, self.node[ledger.tier], values, strict=True):
                 self._set_if_changed(f"{name} {ledger.tier}", gauge, value)

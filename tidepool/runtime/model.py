@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from tidepool.runtime import gc_watch
 from tidepool.runtime.cores import at_lower_priority, loading_niceness, prepare_openmp
-from tidepool.runtime.metrics import InstanceMetrics, flush_interval_s
+from tidepool.runtime.metrics import InstanceMetrics, MetricSources, flush_interval_s
 from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
 
@@ -74,14 +74,14 @@ class TritonPythonModel:
         self.instance = at_lower_priority(load, niceness)
         if niceness:
             notes.append(f"loaded at nice +{niceness}")
-        self.metrics, metrics_note = InstanceMetrics.create(
-            pb_utils,
-            args["model_name"],
-            args["model_instance_name"],
+        sources = MetricSources(
             self.instance.pool,
             self.instance.ledgers,
             elastic=self.instance.core_share is not None,
             gc=gc_watch.start_watching(),
+        )
+        self.metrics, metrics_note = InstanceMetrics.create(
+            pb_utils, args["model_name"], args["model_instance_name"], sources
         )
         if self.metrics is None:
             gc_watch.stop_watching()  # nobody to send its figures to
