@@ -119,6 +119,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 GRAPHS = ("eager", "frozen")  # see runtime/graph.py
 POOL_KINDS = ("auto", "host", "pinned", "cuda")
+GPU_OUTPUT_PLACES = ("host", "device")
 DEFAULT_HOLD_US = 1000  # see runtime/cores.py
 DEFAULT_SPIN_COUNT = 20000  # see runtime/cores.py
 
@@ -168,6 +169,12 @@ GRAPH: Parameter[str] = Parameter(
 DEVICE: Parameter[str] = Parameter(
     "DEVICE", "auto", one_of(*DEVICES),
     "`auto`, `cpu`, `cuda`; `auto` follows the instance group (`KIND_CPU`, `KIND_GPU` and its device)",
+)  # fmt: skip
+GPU_OUTPUTS: Parameter[str] = Parameter(
+    "GPU_OUTPUTS", "host", one_of(*GPU_OUTPUT_PLACES),
+    "a GPU instance's outputs: `host` copies them into pinned host memory before `execute` returns "
+    "(what HTTP and gRPC clients receive; the stub needs no CUDA memory of its own); `device` hands "
+    "them to the stub as device tensors (DLPack), for a next step on the same GPU",
 )  # fmt: skip
 ALLOW_NONFINITE: Parameter[bool] = Parameter(
     "ALLOW_NONFINITE", False, boolean, "`true` serves NaN/Inf in float inputs", write_value=write_boolean
@@ -223,9 +230,9 @@ PLAN_REASON: Parameter[str] = Parameter(
 # spec.py with the input it belongs to.
 ALL: tuple[Parameter[object], ...] = (
     MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
-    ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, ALLOW_NONFINITE, POOL, POOL_KIND, POOL_LIMIT_BYTES,
-    POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP,
-    PLAN_GENERATION, PLAN_REASON,
+    ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, GPU_OUTPUTS, ALLOW_NONFINITE, POOL, POOL_KIND,
+    POOL_LIMIT_BYTES, POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD,
+    POOL_RETAIN_HEAP, PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip
 
 

@@ -4,7 +4,7 @@ other borrows it. Marked `gpu`; skipped with the reason where no CUDA device is 
 
 import pytest
 
-from tidepool.pool import MemoryPool, trim_watch
+from tidepool.pool import MemoryPool, housekeeping
 from tidepool.pool.budget import TierBudget
 from tidepool.pool.ledger import NodeLedger
 
@@ -19,12 +19,12 @@ def test_device_pools_lend_and_borrow_through_the_ledger(tmp_path):
     with lender.execution():
         lender.allocate(48 * MiB)
     assert lender.resource.upstream.attribute("RESERVED_MEM_CURRENT") >= 64 * MiB
-    trim_watch.watch(lender.answer_trim)
+    housekeeping.watch(lender.answer_trim)
     try:
         with borrower.execution():
             borrower.allocate(48 * MiB)  # 64 + 64 > 96: only after the lender trims
     finally:
-        trim_watch.unwatch(lender.answer_trim)
+        housekeeping.unwatch(lender.answer_trim)
     assert lender.stats().reserved_bytes == 0
     assert lender.resource.upstream.attribute("RESERVED_MEM_CURRENT") == 0
     assert ledger.reserved_total() <= ledger.budget

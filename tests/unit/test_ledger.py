@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tidepool.pool import MemoryPool, OutOfMemory, PoolError, trim_watch
+from tidepool.pool import MemoryPool, OutOfMemory, PoolError, housekeeping
 from tidepool.pool.budget import TierBudget, budget_for, cgroup_memory_limit, parse_budget, tier_of
 from tidepool.pool.ledger import (
     BudgetDenied,
@@ -83,12 +83,12 @@ def test_an_idle_pool_lends_what_it_holds_above_its_floor(tmp_path):
     with first.execution():
         first.allocate(10 * MiB)  # grows a 16 MiB arena: 20 MiB reserved by a, 24 in all
     assert ledger.reserved_total() == 24 * MiB
-    trim_watch.watch(first.answer_trim)  # a's background check answers while b waits
+    housekeeping.watch(first.answer_trim)  # a's background check answers while b waits
     try:
         with second.execution():
             second.allocate(10 * MiB)
     finally:
-        trim_watch.unwatch(first.answer_trim)
+        housekeeping.unwatch(first.answer_trim)
     figures = (first.stats(), second.stats(), ledger.snapshot(), ledger.trims)
     assert first.stats().reserved_bytes == 4 * MiB, figures  # its floor stays
     assert ledger.reserved_total() == 24 * MiB <= ledger.budget, figures
@@ -111,7 +111,7 @@ def test_a_busy_pool_answers_at_its_next_execution(tmp_path):
     thread.start()
     deadline = time.monotonic() + 2
     while not done.is_set() and time.monotonic() < deadline:
-        lender.answer_trim()  # what ModelInstance.execute does first
+        lender.answer_trim()  # what the lender's housekeeping does as its execution ends
         time.sleep(0.01)
     thread.join()
     assert done.is_set() and lender.stats().reserved_bytes == 0

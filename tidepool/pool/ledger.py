@@ -35,8 +35,8 @@ HEADER = np.dtype([("magic", "<i8"), ("version", "<i8"), ("budget", "<i8"), ("tr
 ENTRY = np.dtype([("pid", "<i8"), ("start", "<i8"), ("floor", "<i8"), ("reserved", "<i8"), ("in_use", "<i8"),
                   ("trim_wanted", "<i8"), ("model", "S64"), ("instance", "S64")])  # fmt: skip
 FILE_BYTES = HEADER.itemsize + SLOTS * ENTRY.itemsize
-# How long a reservation waits for other pools to trim: they answer within TRIM_POLL_S from their
-# background check (or at their next execution), so this is several of their rounds.
+# How long a reservation waits for other pools to trim: they answer from their background
+# housekeeping within housekeeping.POLL_S, or as their execution ends, so this is many rounds.
 WAIT_S = 1.0
 RETRY_S = 0.002
 

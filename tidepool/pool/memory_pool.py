@@ -1,7 +1,8 @@
 """The memory pool: exact-size free lists in front of slabs (small blocks) and buddy arenas
 (large blocks) that grow on demand from an upstream resource, under a hard limit, with stats,
 execution scopes, and trimming at quiet moments. Memory a live view still uses (see block.py) is
-neither reused nor given back until the view goes."""
+neither reused nor given back until the view goes, nor memory a queued copy still uses
+(stream_order.py). Nothing waits (for the node budget, a stream or the driver) with its lock held."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tidepool.pool.resources.budgeted import BudgetedResource
 from tidepool.pool.scope import ExecutionScope, ThreadState
 from tidepool.pool.slab import Slab
 from tidepool.pool.stats import PoolStats
+from tidepool.pool.stream_order import Fences, PendingBlocks
 
 DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
 WORKING_SET_HEADROOM = 1.25
@@ -42,9 +44,11 @@ class MemoryPool:
 
     kind: "auto" (CUDA when a driver and device are present, else host), "host", "pinned",
     "cuda". limit_bytes caps reserved memory; initial_bytes is reserved at creation;
-    fragmentation_threshold triggers recycling and trimming at the end of an execution. With a
-    `budget` (a node ledger entry, see ledger.py) every upstream allocation is also counted against
-    the node's budget, and `answer_trim` gives back what the pool holds above its floor."""
+    fragmentation_threshold triggers recycling and trimming at the end of an execution, or, with
+    `defer_housekeeping`, at the next `housekeep()` (a model instance calls it between executions,
+    from its background thread). With a `budget` (a node ledger entry, see ledger.py) every
+    upstream allocation is also counted against the node's budget, and `answer_trim` gives back
+    what the pool holds above its floor."""
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class MemoryPool:
         fragmentation_threshold: float = DEFAULT_FRAGMENTATION_THRESHOLD,
         resource: MemoryResource | None = None,
         budget: LedgerEntry | None = None,
+        defer_housekeeping: bool = False,
     ) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise PoolError(f"limit_bytes must be positive, got {limit_bytes}")
@@ -74,9 +79,15 @@ class MemoryPool:
         self.limit_bytes = limit_bytes
         self.arena_bytes = next_power_of_two(max(arena_bytes, SLAB_SIZE))
         self.fragmentation_threshold = fragmentation_threshold
-        # Device and pinned blocks are reused per stream: a block freed on one stream is safe to
-        # hand out again on that stream at once, on another only after synchronising.
-        self._per_stream = self.kind in ("cuda", "pinned")
+        # Device blocks are reused per stream: a block freed on one stream is safe to hand out again
+        # on that stream at once, on another only after an event (stream_order.Fences). Pinned
+        # blocks freed on a stream wait for their copy to run (stream_order.PendingBlocks).
+        self._per_stream = self.kind == "cuda"
+        self._staged = self.kind == "pinned"
+        self._pending = PendingBlocks()
+        self._fences = Fences()
+        self.defer_housekeeping = defer_housekeeping
+        self._housekeeping_due = False
 
         self._lock = threading.Lock()
         self._local = ThreadState()
@@ -94,7 +105,7 @@ class MemoryPool:
         self._reserved = self._allocated = self._peak_reserved = self._peak_allocated = 0
         self._num_allocs = self._num_frees = self._free_list_hits = self._held_hits = 0
         self._upstream_allocs = self._upstream_frees = self._num_ooms = 0
-        self._budget_trims = self._budget_denials = 0
+        self._budget_trims = self._budget_denials = self._staging_waits = 0
         self.initial_bytes = initial_bytes
         if initial_bytes > 0:
             with self._lock:
@@ -132,7 +143,8 @@ class MemoryPool:
 
     def release(self, block: Block) -> None:
         """Take a block back onto its free list (what `Block.free` calls); a block that views still
-        use goes back when the last of them does."""
+        use goes back when the last of them does, a pinned block freed on a stream once the work
+        queued there so far has run."""
         with self._lock:
             if block.freed:
                 raise PoolError(f"free: block at {block.ptr:#x} ({block.nbytes} bytes) was already freed")
@@ -149,14 +161,22 @@ class MemoryPool:
             self._drain_soon()
 
     def _put_back(self, block: Block) -> None:
-        key = (self._stream_key(block.stream), block.capacity) if self._per_stream else block.capacity
+        self._allocated -= block.capacity
+        self._num_frees += 1
+        if self._per_stream:
+            key: FreeKey = (self._stream_key(block.stream), block.capacity)
+        else:
+            key = block.capacity
+            stream = self._stream_key(block.stream) if self._staged else 0
+            event = self.resource.record_event(stream) if stream else None
+            if event is not None:
+                self._pending.add(key, event, block.location)
+                return
         cached = self._free.get(key)
         if cached is None:
             self._free[key] = [block.location]
         else:
             cached.append(block.location)
-        self._allocated -= block.capacity
-        self._num_frees += 1
 
     # -- exports (views) --------------------------------------------------------------------
 
@@ -208,17 +228,52 @@ class MemoryPool:
             return 0
         return int(getattr(stream, "cuda_stream", stream))  # torch.cuda.Stream or a raw handle
 
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Let go of the lock (held by the caller) while waiting: for the node budget, a stream,
+        the driver. Whatever the caller holds (a taken location, reserved bytes) is already its own."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
     # -- the slow path (lock held) ----------------------------------------------------------
 
     def _allocate_uncached(self, capacity: int, nbytes: int, stream: Any) -> Location:
+        if self._pending:
+            loc = self._take_pending(capacity)
+            if loc is not None:
+                self._free_list_hits += 1
+                return loc
         loc = self._take_held(capacity)
         if loc is None:
             self._recycle()  # cached blocks of other sizes, merged back, may serve it
             loc = self._take_held(capacity)
         if loc is not None:
             self._held_hits += 1  # memory already reserved: a cache hit, though not an exact one
-            return loc
-        return self._grow_and_take(capacity, nbytes, stream)
+        else:
+            loc = self._grow_and_take(capacity, nbytes, stream)
+        if self._fences:
+            self._fences.order(self._stream_key(stream))  # arena memory other streams gave back
+        return loc
+
+    def _take_pending(self, capacity: int) -> Location | None:
+        """A pinned block of this size whose copy has run, waiting (without the lock) for the
+        oldest one's copy where none has: a steady pool reuses its blocks rather than growing."""
+        self._pending.settle(self._free)
+        cached = self._free.get(capacity)
+        if cached:
+            return cached.pop()
+        oldest = self._pending.take_oldest(capacity)
+        if oldest is None:
+            return None
+        event, loc = oldest
+        with self._unlocked():
+            event.wait()
+            event.close()
+        self._staging_waits += 1
+        return loc
 
     def _take_held(self, capacity: int) -> Location | None:
         """A free location from the slabs or arenas already held, or None."""
@@ -252,7 +307,13 @@ class MemoryPool:
         for trim_first in (False, True):
             if trim_first:
                 self._recycle()
-                self._release_empty_arenas(keep_bytes=0)
+                empty = self._take_empty_arenas(keep_bytes=0)
+                if empty:
+                    with self._unlocked():
+                        self._give_back(empty)
+                taken = self._take_held(capacity)  # others may have freed meanwhile
+                if taken is not None:
+                    return taken
             size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
             if self.limit_bytes is not None and self._reserved + size > self.limit_bytes:
                 size = need  # the smallest arena that serves this request
@@ -295,10 +356,23 @@ class MemoryPool:
         )
 
     def _add_arena(self, size: int, stream: Any, small: bool) -> None:
-        allocation = self.resource.allocate(size, self._stream_key(stream) if self._per_stream else None)
+        """Grow by `size` from upstream, without the lock while upstream (and the node budget, which
+        may wait for other pools to trim) answers; the bytes count as reserved meanwhile, so that
+        another thread's growth sees them against the limit."""
+        self._reserved += size
+        try:
+            on_stream = self._stream_key(stream) if self._per_stream else None
+            with self._unlocked():
+                allocation = self.resource.allocate(size, on_stream)
+        except BaseException:
+            self._reserved -= size
+            raise
+        if self._closed:
+            self._reserved -= size
+            self.resource.deallocate(allocation)
+            raise PoolError("allocate: the pool was closed meanwhile")
         self._arenas.append(Arena(allocation, small))
         self._arenas.sort(key=lambda arena: arena.size)  # fill small arenas first
-        self._reserved += size
         self._upstream_allocs += 1
         self._peak_reserved = max(self._peak_reserved, self._reserved)
 
@@ -306,12 +380,18 @@ class MemoryPool:
         """Give cached free blocks back to their buddy allocators, merging buddies. With
         `small_too` (trim, OOM) small blocks go back to their slabs and empty slabs to their
         small arenas; otherwise small blocks stay cached, since returning them merges nothing."""
+        if self._pending:
+            self._pending.settle(self._free)
         for key in list(self._free):
             if self._capacity_of(key) <= SLAB_MAX_BLOCK and not small_too:
                 continue
             locs = self._free.pop(key)
             if self._per_stream and locs:
-                self.resource.synchronize(key[0])
+                # Once merged, any stream may take this memory: after the work queued so far on
+                # the stream that freed it (the taker's stream waits for this event on the device).
+                event = self.resource.record_event(key[0])
+                if event is not None:
+                    self._fences.add(key[0], event)
             for arena, offset, slab, _ in locs:
                 if slab is None:
                     arena.buddy.release(offset)
@@ -323,16 +403,25 @@ class MemoryPool:
                     slab.arena.buddy.release(slab.offset)
                     slabs.remove(slab)
 
-    def _release_empty_arenas(self, keep_bytes: int) -> int:
-        released = 0
+    def _take_empty_arenas(self, keep_bytes: int) -> list[Arena]:
+        """Take empty arenas off the pool (largest first) while more than `keep_bytes` stays
+        reserved; `_give_back` then returns them upstream, without the lock."""
+        taken = []
         for arena in sorted(self._arenas, key=lambda a: a.size, reverse=True):
             if arena.buddy.empty and self._reserved - arena.size >= keep_bytes:
                 self._arenas.remove(arena)
-                self.resource.deallocate(arena.allocation)
                 self._reserved -= arena.size
                 self._upstream_frees += 1
-                released += arena.size
-        return released
+                taken.append(arena)
+        if taken and self._fences:
+            self._fences.order(0)  # upstream frees go on the default stream, after the users' work
+        return taken
+
+    def _give_back(self, arenas: list[Arena]) -> int:
+        """Return arenas upstream (a budgeted CUDA pool waits there for the driver to have them)."""
+        for arena in arenas:
+            self.resource.deallocate(arena.allocation)
+        return sum(arena.size for arena in arenas)
 
     def _largest_free_block(self) -> int:
         largest = max((arena.buddy.largest_free() for arena in self._arenas), default=0)
@@ -368,21 +457,50 @@ class MemoryPool:
             self._local.scope = scope.outer
 
     def _end_execution(self, scope: ExecutionScope) -> None:
+        empty: list[Arena] = []
         with self._lock:
             self._active_scopes -= 1
             self._working_set = max(self._working_set, scope.peak_bytes)
-            if self._active_scopes == 0:
-                self._maintain()
+            if self._active_scopes == 0 and self._maintenance_wanted():
+                if self.defer_housekeeping:
+                    self._housekeeping_due = True
+                else:
+                    empty = self._maintain()
+        if empty:
+            self._give_back(empty)
 
-    def _maintain(self) -> None:
+    def _maintenance_wanted(self) -> bool:
+        """With the lock: whether fragmentation passed the threshold with cached large blocks to
+        merge (only those can change it)."""
         if not any(locs for key, locs in self._free.items() if self._capacity_of(key) > SLAB_MAX_BLOCK):
-            return  # only cached large blocks can be merged back; nothing else would change
+            return False
         free = self._reserved - self._allocated
-        if free <= 0 or 1 - self._largest_free_block() / free <= self.fragmentation_threshold:
-            return
+        return free > 0 and 1 - self._largest_free_block() / free > self.fragmentation_threshold
+
+    def _maintain(self) -> list[Arena]:
+        """With the lock: recycle cached large blocks and take the empty arenas beyond the working
+        set (the caller gives them back)."""
+        if not self._maintenance_wanted():
+            return []
         self._recycle(small_too=False)
         keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
-        self._release_empty_arenas(keep)
+        return self._take_empty_arenas(keep)
+
+    @property
+    def housekeeping_due(self) -> bool:
+        """Whether `housekeep()` has work: an execution ended since, or another pool wants memory
+        (a read without the lock, cheap enough after every execution)."""
+        return self._housekeeping_due or (self.budget is not None and self.budget.trim_wanted() > 0)
+
+    def housekeep(self) -> int:
+        """What a deferred pool does between executions: the end-of-execution maintenance, and an
+        answer to another pool's trim request; returns the bytes given back."""
+        empty: list[Arena] = []
+        with self._lock:
+            if self._housekeeping_due and not self._closed:
+                self._housekeeping_due = False
+                empty = self._maintain()
+        return self._give_back(empty) + self.answer_trim()
 
     def stats(self, walk_arenas: bool = True) -> PoolStats:
         """The pool's figures. Without `walk_arenas` the largest free block (and so fragmentation)
@@ -407,6 +525,7 @@ class MemoryPool:
                 floor_bytes=self.budget.floor if self.budget is not None else 0,
                 budget_trims=self._budget_trims,
                 budget_denials=self._budget_denials,
+                staging_waits=self._staging_waits,
             )
 
     def reset_peak(self) -> None:
@@ -420,9 +539,10 @@ class MemoryPool:
         `keep_bytes` stays reserved; returns the bytes given back."""
         with self._lock:
             self._recycle()
-            released = self._release_empty_arenas(keep_bytes)
-            self.resource.trim(keep_bytes)
-            return released
+            empty = self._take_empty_arenas(keep_bytes)
+        released = self._give_back(empty)
+        self.resource.trim(keep_bytes)
+        return released
 
     def answer_trim(self) -> int:
         """Where another pool of the node asked for memory: give back what this pool holds above
@@ -453,12 +573,20 @@ class MemoryPool:
         return self._closed
 
     def close(self) -> None:
-        """Give everything back upstream. Blocks still live become unusable; an arena that views
-        still use goes back (and the resource closes) when the last of those views does."""
+        """Give everything back upstream, once the copies queued on pinned blocks have run. Blocks
+        still live become unusable; an arena that views still use goes back (and the resource
+        closes) when the last of those views does."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            waiting = list(self._pending.take_all())
+            if self._fences:
+                self._fences.order(0)
+        for event, _ in waiting:
+            event.wait()
+            event.close()
+        with self._lock:
             for arena in self._arenas:
                 if arena.exports:
                     self._orphans.append(arena)

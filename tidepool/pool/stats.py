@@ -26,6 +26,7 @@ class PoolStats:
     floor_bytes: int = 0  # what the pool never lends
     budget_trims: int = 0  # trim requests of other pools this one answered
     budget_denials: int = 0  # reservations the node budget refused this pool
+    staging_waits: int = 0  # pinned blocks the host waited for, their last copy still queued
 
     @property
     def free_bytes(self) -> int:

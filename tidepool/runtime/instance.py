@@ -1,6 +1,7 @@
 """One model instance, free of Triton: validates the requests of an execution, gathers the valid
-ones into buffers from the instance's memory pool, runs one forward pass, and returns per
-request its outputs or its error. The pool lives as long as the instance."""
+ones into buffers from the instance's memory pool, runs one forward pass (on a GPU through its
+device link, runtime/device.py), and returns per request its outputs or its error. The pool lives
+as long as the instance; its housekeeping runs between executions, in the background."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import torch
 from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import usable_cores
-from tidepool.pool import ExecutionScope, MemoryPool, OutOfMemory, torch_dtype, trim_watch
+from tidepool.pool import Block, ExecutionScope, MemoryPool, OutOfMemory, housekeeping, torch_dtype
 from tidepool.pool.budget import tier_of
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.pool.ledger import NodeLedger
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
 from tidepool.runtime.cores import CoreShare
+from tidepool.runtime.device import DeviceLink, DeviceOutputs, TorchLink
 from tidepool.runtime.graph import freeze
 from tidepool.runtime.loader import ModelLoadError, load_model
 from tidepool.runtime.process import (
@@ -98,14 +100,15 @@ class ModelInstance:
         module: torch.nn.Module,
         settings: InstanceSettings,
         placement: Placement | None = None,
+        link: DeviceLink | None = None,
     ):
         self.model = model
         self.settings = settings
         self.device = torch.device(settings.device)
-        if settings.on_gpu:
-            # The stub's main thread serves: CUDA's current device is per thread, and a stub on GPU N
-            # must not create its context, streams or DLPack exports on GPU 0.
-            torch.cuda.set_device(self.device)
+        # A GPU instance moves rows and runs its passes through its link (tests pass a simulated one).
+        if settings.on_gpu and link is None:
+            link = TorchLink(self.device)
+        self.link = link if settings.on_gpu else None
         _, self.process_notes = configure_process(
             ProcessRequest(
                 torch_threads=settings.torch_threads,
@@ -123,15 +126,15 @@ class ModelInstance:
         self.pool: MemoryPool | None = None
         self.staging: MemoryPool | None = None  # where batches are gathered (pinned on a GPU)
         self.pools: list[MemoryPool] = []  # each pool once, for scopes and closing
-        # One execution at a time, or one answer to another pool's trim request (`answer_trim`).
+        # One execution at a time, or the housekeeping's release of the last one (`housekeep`).
         self._lock = threading.Lock()
         if settings.pool_enabled:
             self._create_pools()
-            if any(pool.budget is not None for pool in self.pools):
-                trim_watch.watch(self.answer_trim)
+            housekeeping.watch(self.housekeep)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
-        self.module = apply_precision(module, settings.precision).to(self.device)
+        module = apply_precision(module, settings.precision)
+        self.module = self.link.place(module) if self.link is not None else module
         self.graph_notes: list[str] = []
         if settings.graph == "frozen":
             self.module = self._frozen(self.module)
@@ -174,6 +177,7 @@ class ModelInstance:
                 initial_bytes=initial_bytes,
                 fragmentation_threshold=s.pool_fragmentation_threshold,
                 budget=entry,
+                defer_housekeeping=True,  # between executions, from `housekeep`
             )
         except BaseException:
             if entry is not None:
@@ -191,8 +195,8 @@ class ModelInstance:
         with attention_fast_path_off(self.settings.attention_fast_path_off):  # trace what forward runs
             frozen, self.graph_notes = freeze(
                 module,
-                self._tensors(random_inputs(self.model, trace_batch, seed=1)),
-                [self._tensors(random_inputs(self.model, batch, seed=2)) for batch in checks],
+                self._arguments(random_inputs(self.model, trace_batch, seed=1)),
+                [self._arguments(random_inputs(self.model, batch, seed=2)) for batch in checks],
             )
         return frozen
 
@@ -203,10 +207,11 @@ class ModelInstance:
         model_dir: Path | str,
         placement: Placement | None = None,
         cuda_available: Callable[[], bool] | None = None,
+        link: DeviceLink | None = None,
     ) -> ModelInstance:
         model = parse_model_config(model_config)
         settings = InstanceSettings.from_spec(model, placement or Placement(), cuda_available)
-        instance = cls(model, load_model(model_dir, model), settings, placement)
+        instance = cls(model, load_model(model_dir, model), settings, placement, link)
         instance.warm_up()
         return instance
 
@@ -277,23 +282,22 @@ class ModelInstance:
             self._held.release()
             self._held = None
 
-    def answer_trim(self) -> None:
-        """From the background check: where another model's pool asked for memory and this
-        instance is idle, give back its last execution's blocks (views the stub may still read
-        keep theirs) and trim its pools to their floors. A busy one answers at its next execution."""
-        if not any(pool.budget is not None and pool.budget.trim_wanted() for pool in self.pools):
-            return
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            self.release()
-            for pool in self.pools:
-                pool.answer_trim()
-        finally:
-            self._lock.release()
+    def housekeep(self) -> None:
+        """From the background thread, kicked as an execution ends (and every few tens of ms): each
+        pool's deferred maintenance, and answers to other pools' trim requests. Where one is asked
+        and this instance is idle, its last execution's blocks go back first (views the stub may
+        still read keep theirs). Nothing here runs while an execution waits for the instance."""
+        wanted = any(pool.budget is not None and pool.budget.trim_wanted() for pool in self.pools)
+        if wanted and self._lock.acquire(blocking=False):
+            try:
+                self.release()
+            finally:
+                self._lock.release()
+        for pool in self.pools:
+            pool.housekeep()
 
     def close(self) -> None:
-        trim_watch.unwatch(self.answer_trim)
+        housekeeping.unwatch(self.housekeep)
         self.release()
         if self.core_share is not None:
             self.core_share.leave()
@@ -312,8 +316,6 @@ class ModelInstance:
 
     def _execute_locked(self, requests: Requests) -> Execution:
         self.release()
-        for pool in self.pools:
-            pool.answer_trim()  # another model's pool asked for what this one lends
         faults_before = minor_page_faults()
         scopes = [pool.begin_execution() for pool in self.pools]
         execution = Execution(results=[], scopes=scopes)
@@ -334,6 +336,8 @@ class ModelInstance:
         for pool in self.pools:
             if pool.budget is not None:
                 pool.budget.set_in_use(pool.allocated_bytes)
+        if any(pool.housekeeping_due for pool in self.pools):
+            housekeeping.kick()  # it runs as this execution's responses go out
         self._held = execution
         return execution
 
@@ -392,7 +396,7 @@ class ModelInstance:
             execution.batches.append(1)
             return [outputs]
         rows = sum(batch_sizes)
-        if len(requests) == 1 and self.device.type == "cpu":
+        if len(requests) == 1 and self.link is None:
             batch = requests[0]  # one request is already a batch: no copy at all
         else:
             batch = gather(requests, batch_sizes, self.model, allocate)
@@ -401,8 +405,11 @@ class ModelInstance:
         return per_request
 
     def _pool_allocate(self, shape: tuple[int, ...], dtype: DType) -> Array:
+        """Host memory from the staging pool; on a GPU, pinned and tied to the link's stream, so
+        that once freed it is written again only after the copies queued on it have run."""
         assert self.staging is not None
-        block = self.staging.allocate(math.prod(shape) * dtype.itemsize)
+        stream = self.link.stream if self.link is not None else None
+        block = self.staging.allocate(math.prod(shape) * dtype.itemsize, stream=stream)
         return block.as_numpy(dtype, shape)
 
     def _does_not_fit(self, error: Exception, rows: int) -> RequestError:
@@ -429,43 +436,69 @@ class ModelInstance:
     ) -> Outputs:
         """One forward pass on numpy inputs; outputs checked against the config. On the host the
         outputs are copied into buffers from `allocate` (the pool's, when it is on)."""
-        tensors = self._tensors(batch)
-        with torch.inference_mode(), attention_fast_path_off(self.settings.attention_fast_path_off):
-            produced = self._name_outputs(self.module(*tensors))
-            outputs: Outputs = {}
-            for spec in self.model.outputs:
-                tensor = produced[spec.name].to(self.output_dtypes[spec.name])
-                _check_shape(spec, tuple(tensor.shape), rows)
-                if self.device.type == "cuda":
-                    outputs[spec.name] = tensor.contiguous()  # sent with from_dlpack
-                elif allocate is numpy_allocate:
-                    outputs[spec.name] = tensor.contiguous().numpy()
-                else:
-                    out = allocate(tuple(tensor.shape), spec.dtype)
-                    torch.from_numpy(out).copy_(tensor)
-                    outputs[spec.name] = out
+        if self.link is not None:
+            return self._forward_on_device(self.link, batch, rows, allocate)
+        produced = self._compute([torch.from_numpy(batch[spec.name]) for spec in self.model.inputs])
+        outputs: Outputs = {}
+        for spec in self.model.outputs:
+            tensor = produced[spec.name]
+            _check_shape(spec, tuple(tensor.shape), rows)
+            if allocate is numpy_allocate:
+                outputs[spec.name] = tensor.contiguous().numpy()
+            else:
+                out = allocate(tuple(tensor.shape), spec.dtype)
+                torch.from_numpy(out).copy_(tensor)
+                outputs[spec.name] = out
         return outputs
 
-    def _tensors(self, batch: dict[str, Array]) -> list[torch.Tensor]:
-        """The module's arguments: the inputs in config order, on the device, in the compute precision."""
-        tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
-        if self.device.type == "cuda":
-            tensors = [self._on_device(t) for t in tensors]
-        if self.compute_dtype is not None:
-            tensors = [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
-        return tensors
+    def _forward_on_device(
+        self, link: DeviceLink, batch: dict[str, Array], rows: int | None, allocate: Allocate
+    ) -> Outputs:
+        """The inputs copied into device blocks of the instance's pool, the pass queued behind them,
+        and (GPU_OUTPUTS=host) the outputs copied into pinned blocks that the host reads only once
+        the stream has run: all on the link's stream, in that order."""
+        inputs = [
+            link.to_device(torch.from_numpy(batch[spec.name]), self._device_block(batch[spec.name], link))
+            for spec in self.model.inputs
+        ]
+        produced = link.run(lambda: {name: t.contiguous() for name, t in self._compute(inputs).items()})
+        for spec in self.model.outputs:
+            _check_shape(spec, tuple(produced[spec.name].shape), rows)
+        if self.settings.gpu_outputs == "device":
+            return dict(produced)  # sent with from_dlpack: the stub's stream waits for this one
+        outputs: Outputs = {}
+        for spec in self.model.outputs:
+            out = allocate(tuple(produced[spec.name].shape), spec.dtype)
+            link.to_host(produced[spec.name], out)
+            outputs[spec.name] = out
+        link.synchronize()  # the stub copies them into its shared memory as execute returns
+        return outputs
 
-    def _on_device(self, host: torch.Tensor) -> torch.Tensor:
-        """A host tensor (pinned staging, or pageable memory with the pool off) copied onto the
-        device: into a block of the instance's CUDA pool, on torch's current stream, which the
-        forward pass and the DLPack export of its outputs follow."""
+    def _device_block(self, host: Array, link: DeviceLink) -> Block | None:
+        """A block of the instance's CUDA pool for one input, on the link's stream (None: torch's)."""
         if self.pool is None or self.pool.kind != "cuda":
-            return host.to(self.device, non_blocking=True)
-        stream = torch.cuda.current_stream(self.device)
-        block = self.pool.allocate(host.numel() * host.element_size(), stream=stream.cuda_stream)
-        device = block.as_torch(host.dtype, tuple(host.shape))
-        device.copy_(host, non_blocking=True)
-        return device
+            return None
+        return self.pool.allocate(host.nbytes, stream=link.stream)
+
+    def _compute(self, tensors: list[torch.Tensor]) -> DeviceOutputs:
+        """The module on its arguments in the compute precision; each output named, in its config dtype."""
+        with torch.inference_mode(), attention_fast_path_off(self.settings.attention_fast_path_off):
+            produced = self._name_outputs(self.module(*self._in_compute_dtype(tensors)))
+            return {spec.name: produced[spec.name].to(self.output_dtypes[spec.name])
+                    for spec in self.model.outputs}  # fmt: skip
+
+    def _arguments(self, batch: dict[str, Array]) -> list[torch.Tensor]:
+        """The module's arguments for tracing it: in config order, on the device, in the compute precision."""
+        tensors = [torch.from_numpy(batch[spec.name]) for spec in self.model.inputs]
+        if self.link is not None:
+            tensors = [self.link.to_device(t, None) for t in tensors]
+            self.link.synchronize()
+        return self._in_compute_dtype(tensors)
+
+    def _in_compute_dtype(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.compute_dtype is None:
+            return tensors
+        return [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
 
     def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
         names = [spec.name for spec in self.model.outputs]

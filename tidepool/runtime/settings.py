@@ -95,6 +95,7 @@ class InstanceSettings:
     # runtime/cores.py, DEFAULT_HOLD_US); ELASTIC_HOLD_US.
     elastic_hold_us: int
     device: str  # "cpu" or "cuda:N"
+    gpu_outputs: str  # a GPU instance's outputs: "host" (pinned memory) or "device" (GPU_OUTPUTS)
     precision: str  # fp32, bf16, fp16 (GPU) or int8 (CPU, dynamic quantization)
     graph: str  # eager, or frozen (runtime/graph.py)
     pool_enabled: bool
@@ -149,6 +150,7 @@ class InstanceSettings:
             elastic_hold_us=param.ELASTIC_HOLD_US.read(given),
             allow_nonfinite=param.ALLOW_NONFINITE.read(given),
             device=device,
+            gpu_outputs=param.GPU_OUTPUTS.read(given),
             precision=precision,
             graph=param.GRAPH.read(given),
             pool_enabled=param.POOL.read(given),

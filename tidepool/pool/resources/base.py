@@ -1,4 +1,5 @@
-"""What every upstream resource provides: large allocations (arenas) on demand and back."""
+"""What every upstream resource provides: large allocations (arenas) on demand and back, and, for
+memory that streams use, events that say when the work queued on a stream so far has run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,26 @@ class Allocation:
     owner: Any = None
 
 
+class StreamEvent(Protocol):
+    """The work queued on one stream before the event was recorded (driver.DriverEvent)."""
+
+    def done(self) -> bool:
+        """Whether that work has run (asks without waiting)."""
+        ...
+
+    def wait(self) -> None:
+        """Block the host until that work has run."""
+        ...
+
+    def order(self, stream: int) -> None:
+        """Make work queued on `stream` from now on wait for it (on the device, not the host)."""
+        ...
+
+    def close(self) -> None:
+        """The caller is done with the event."""
+        ...
+
+
 class MemoryResource(Protocol):
     kind: str  # "host", "pinned", "cuda" or "fake"
     device: int | None
@@ -28,8 +49,8 @@ class MemoryResource(Protocol):
 
     def deallocate(self, allocation: Allocation, stream: int | None = None) -> None: ...
 
-    def synchronize(self, stream: int | None) -> None:
-        """Wait until work queued on `stream` is done (no-op for host memory)."""
+    def record_event(self, stream: int) -> StreamEvent | None:
+        """An event behind the work queued on `stream` so far; None where memory has no streams."""
         ...
 
     def trim(self, keep_bytes: int) -> None:

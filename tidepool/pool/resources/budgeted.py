@@ -5,7 +5,7 @@ pool's cached memory is trimmed first, so the budget never counts memory the dri
 from __future__ import annotations
 
 from tidepool.pool.ledger import LedgerEntry
-from tidepool.pool.resources.base import Allocation, MemoryResource
+from tidepool.pool.resources.base import Allocation, MemoryResource, StreamEvent
 
 
 class BudgetedResource:
@@ -30,11 +30,11 @@ class BudgetedResource:
         self.upstream.deallocate(allocation, stream)
         self.held -= allocation.nbytes
         if self.kind == "cuda":
-            self.upstream.trim(self.held)  # synchronizes, then hands the cached bytes to the driver
+            self.upstream.trim(self.held)  # waits for the free, then hands the bytes to the driver
         self.entry.release(allocation.nbytes)
 
-    def synchronize(self, stream: int | None) -> None:
-        self.upstream.synchronize(stream)
+    def record_event(self, stream: int) -> StreamEvent | None:
+        return self.upstream.record_event(stream)
 
     def trim(self, keep_bytes: int) -> None:
         self.upstream.trim(keep_bytes)

@@ -20,6 +20,7 @@ class CudaResource:
         driver = self._driver = cuda_driver.bindings()
         self.device: int | None = device
         self.context = cuda_driver.primary_context(device)
+        self.events = cuda_driver.Events(self.context)
         self._current()
         props = driver.CUmemPoolProps()
         props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -50,9 +51,8 @@ class CudaResource:
         self._current()
         check(self._driver.cuMemFreeAsync(allocation.ptr, stream or 0))
 
-    def synchronize(self, stream: int | None) -> None:
-        self._current()
-        check(self._driver.cuStreamSynchronize(stream or 0))
+    def record_event(self, stream: int) -> cuda_driver.DriverEvent:
+        return self.events.record(stream)
 
     def attribute(self, name: str) -> int:
         """One of reserved/used current/high, e.g. 'RESERVED_MEM_CURRENT'."""
@@ -61,8 +61,11 @@ class CudaResource:
         return int(check(self._driver.cuMemPoolGetAttribute(self.handle, attr)))
 
     def trim(self, keep_bytes: int) -> None:
+        """Hand cached memory above `keep_bytes` back to the driver. The pool frees arenas on the
+        default stream, after the streams that used them (MemoryPool orders it): a free still queued
+        there counts as in use to cuMemPoolTrimTo, so the host waits for that stream first."""
         self._current()
-        check(self._driver.cuCtxSynchronize())
+        check(self._driver.cuStreamSynchronize(0))
         check(self._driver.cuMemPoolTrimTo(self.handle, keep_bytes))
 
     def close(self) -> None:
@@ -71,3 +74,4 @@ class CudaResource:
             check(self._driver.cuCtxSynchronize())
             check(self._driver.cuMemPoolDestroy(self.handle))
             self.handle = None
+            self.events.close()

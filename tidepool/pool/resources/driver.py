@@ -1,8 +1,8 @@
-"""The CUDA driver through cuda-python, found once: whether a driver and device exist (and why
-not), its version, the device's primary context, and a checked call helper that turns CUresult
-codes into exceptions. Resources make their context current before every driver call, since a
-pool is used from more than one thread (a loading thread, the stub's main thread, a view that goes
-in garbage collection)."""
+"""The CUDA driver through cuda-python, found once: which bindings are installed (cuda-bindings 12.x
+or 13.x, picked at import) and whether this node's driver takes them, a device and its primary
+context, events, and a checked call helper that turns CUresult codes into exceptions. Resources
+make their context current before every driver call, since a pool is used from more than one
+thread (a loading thread, the stub's main thread, a view that goes in garbage collection)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,27 @@ from tidepool.pool.errors import CudaUnavailable
 # CUmemPoolProps.maxSize, the CUDA pool's own hard cap, is honoured from CUDA 12.2 drivers on;
 # with older ones the pool's own limit (MemoryPool.limit_bytes) is the only one.
 MAX_SIZE_DRIVER = 12020
+# The install that pairs with each driver generation (docs/pool.md, "Drivers").
+PAIRING = {
+    12: "cuda12 (torch's cu126 build, cuda-python 12.9)",
+    13: "cuda13 (torch's CUDA 13 build, cuda-python 13)",
+}
 
 
 def bindings() -> Any:
-    """cuda-python's driver module (one place to find it, so tests can stand a fake in)."""
-    from cuda.bindings import driver
-
+    """cuda-python's driver module: `cuda.bindings.driver` (cuda-bindings 12.6.1 on, and 13.x),
+    else the `cuda.cuda` of older 12.x releases. One place to find it, so tests can stand in a
+    simulated device."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver
     return driver
+
+
+def bindings_version() -> int:
+    """The CUDA version the installed bindings were built for (13040: 13.4); 0 where unknown."""
+    return int(getattr(bindings(), "CUDA_VERSION", 0))
 
 
 def check(result: Any) -> Any:
@@ -40,22 +54,32 @@ def check(result: Any) -> Any:
 
 @functools.cache
 def cuda_status(device: int = 0) -> tuple[bool, str]:
-    """(True, device name and driver version) when the driver initialises and `device` exists,
-    else (False, why)."""
+    """(True, device, driver and bindings) when the driver initialises, takes the installed
+    bindings and `device` exists, else (False, why)."""
     try:
         driver = bindings()
         check(driver.cuInit(0))
         count = check(driver.cuDeviceGetCount())
+        version = driver_version()
     except ImportError as exc:
         return False, f"cuda-python is not installed ({exc})"
     except CudaUnavailable as exc:
         return False, f"the CUDA driver did not initialise: {exc}"
     except Exception as exc:  # cuda-python raises DynamicLibNotFoundError without a driver
         return False, f"no CUDA driver ({type(exc).__name__}: {exc})"
+    built_for = bindings_version()
+    if built_for // 1000 > version // 1000:
+        # Bindings of a newer major than the driver fail call by call, not at import: say so once.
+        return False, (
+            f"the installed cuda-bindings are built for {describe_version(built_for)} and need a CUDA "
+            f"{built_for // 1000} driver; this node's driver is {describe_version(version)}: install "
+            f"the {PAIRING.get(version // 1000, 'matching')} pairing (docs/pool.md, 'Drivers')"
+        )
     if device >= count:
         return False, f"CUDA device {device} does not exist ({count} device(s))"
     name = check(driver.cuDeviceGetName(256, check(driver.cuDeviceGet(device)))).split(b"\0", 1)[0]
-    return True, f"{name.decode()}, driver {describe_version(driver_version())}"
+    built = f", cuda-bindings for {describe_version(built_for)}" if built_for else ""
+    return True, f"{name.decode()}, driver {describe_version(version)}{built}"
 
 
 def driver_version() -> int:
@@ -89,3 +113,57 @@ def device_total_bytes(device: int) -> int:
     require_cuda(device)
     driver = bindings()
     return int(check(driver.cuDeviceTotalMem(check(driver.cuDeviceGet(device)))))
+
+
+class DriverEvent:
+    """A point in a stream: the work queued on it before `record`. `done` asks without waiting,
+    `wait` blocks the host until then, `order` makes another stream's later work wait for it on
+    the device (the host does not wait). `close` hands the event back for reuse."""
+
+    def __init__(self, events: Events, handle: Any) -> None:
+        self._events = events
+        self.handle = handle
+
+    def done(self) -> bool:
+        driver = self._events.current()
+        result = driver.cuEventQuery(self.handle)
+        error = result[0] if isinstance(result, tuple) else result
+        if error == driver.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        check(result)
+        return True
+
+    def wait(self) -> None:
+        check(self._events.current().cuEventSynchronize(self.handle))
+
+    def order(self, stream: int) -> None:
+        check(self._events.current().cuStreamWaitEvent(stream, self.handle, 0))
+
+    def close(self) -> None:
+        self._events.idle.append(self.handle)
+
+
+class Events:
+    """A resource's events, created once and reused (a record is one driver call, a creation two)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.idle: list[Any] = []  # list.append and .pop are atomic: no lock needed
+
+    def current(self) -> Any:
+        make_current(self.context)
+        return bindings()
+
+    def record(self, stream: int) -> DriverEvent:
+        driver = self.current()
+        try:
+            handle = self.idle.pop()
+        except IndexError:
+            handle = check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        check(driver.cuEventRecord(handle, stream))
+        return DriverEvent(self, handle)
+
+    def close(self) -> None:
+        driver = self.current()
+        while self.idle:
+            check(driver.cuEventDestroy(self.idle.pop()))

@@ -26,8 +26,8 @@ class HostResource:
         allocation.host_view = None
         allocation.owner = None
 
-    def synchronize(self, stream: int | None) -> None:
-        pass
+    def record_event(self, stream: int) -> None:
+        return None  # no streams use this memory
 
     def trim(self, keep_bytes: int) -> None:
         pass

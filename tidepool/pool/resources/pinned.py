@@ -1,4 +1,5 @@
-"""Page-locked host memory (cuMemHostAlloc): the staging area for fast host-to-device copies."""
+"""Page-locked host memory (cuMemHostAlloc): the staging area for fast host-to-device copies, and
+events on the streams whose copies read or write it (the pool reuses a block only once its copy ran)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class PinnedResource:
         self._driver = cuda_driver.bindings()
         self.device: int | None = device
         self.context = cuda_driver.primary_context(device)
+        self.events = cuda_driver.Events(self.context)
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
         cuda_driver.make_current(self.context)
@@ -32,13 +34,11 @@ class PinnedResource:
         allocation.host_view = None
         check(self._driver.cuMemFreeHost(allocation.ptr))
 
-    def synchronize(self, stream: int | None) -> None:
-        if stream is not None:
-            cuda_driver.make_current(self.context)
-            check(self._driver.cuStreamSynchronize(stream))
+    def record_event(self, stream: int) -> cuda_driver.DriverEvent:
+        return self.events.record(stream)
 
     def trim(self, keep_bytes: int) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        self.events.close()
