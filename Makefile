@@ -2,9 +2,13 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
-# On a CUDA host: make TORCH_INDEX=https://download.pytorch.org/whl/cu126 test
-TORCH_INDEX ?=
+# The torch build and cuda-python that pair with a GPU host's driver (docs/pool.md, "Drivers"):
+#   make CUDA=13 ...   R580 and newer drivers: PyPI's torch (its CUDA 13 build), cuda-python 13
+#   make CUDA=12 ...   the 12.x line (R525-R575): torch's cu126 build, cuda-python 12.9
+# The default, 13, is also what a machine without a GPU takes: the bindings load and find no driver.
+CUDA ?= 13
+TORCH_INDEX ?= $(if $(filter 12,$(CUDA)),https://download.pytorch.org/whl/cu126,)
+STAMP := $(VENV)/.installed-cuda$(CUDA)
 HOST ?= 127.0.0.1
 REPO ?= model_repository
 PYTEST_ARGS ?=
@@ -17,7 +21,8 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) torch==2.13.0,)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[tools,test]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[tools,test,cuda$(CUDA)]'
+	rm -f $(VENV)/.installed-cuda*
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -22,12 +22,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 $PY -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__)"
 $PY -c "from tidepool.pool import cuda_status; print('tidepool sees', cuda_status())"
 
-# The GPU tests, and the CUDA tier's unit tests over the fake driver next to them.
-step "gpu tests" $PY -m pytest -p no:cacheprovider -q -o addopts="" tests/gpu tests/unit/test_cuda_tier.py
+# The GPU tests, and the CUDA tier's unit tests over the simulated device next to them (the same
+# contract, so a difference between the two is a hole in the simulation).
+step "gpu tests" $PY -m pytest -p no:cacheprovider -q -o addopts="" tests/gpu tests/unit/test_cuda_tier.py \
+    tests/unit/test_gpu_instance.py
 # Allocate+free on the device: the pool on a cache hit against torch.empty and the driver's own.
-step "pool_gpu" $PY -m benchmarks.pool_gpu
-# The instance's execute path with the pool on and off, on the GPU (convnet: the larger batches).
-step "instance_on_off" $PY -m benchmarks.instance_on_off --models convnet --rounds 2 --seconds 4
+step "alloc" $PY -m benchmarks.pool alloc --gpu
+# The instance's execute path on convnet: POOL=off, the pool, and the pool with torch's allocator
+# for the device inputs: throughput, p50/p99, upstream allocations per 1,000 requests.
+step "execute" $PY -m benchmarks.pool execute --models convnet --rounds 2 --seconds 4
 # A GPU model served by plain tritonserver, where this machine has one (NVIDIA's container does;
 # the nvidia-pytriton wheel is too large to carry to a bare machine).
 if command -v tritonserver >/dev/null || $PY -c "import pytriton" 2>/dev/null; then

@@ -154,7 +154,7 @@ def replayed(tmp_path_factory):
             words = [str(inside(root, w)) if w.startswith("/opt/") else w for w in shlex.split(arguments)]
             done = subprocess.run(
                 words, cwd=root, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
-                env={**os.environ, "PYTHON": str(python), "PIP_INSTALL_ARGS": OFFLINE_PIP},
+                env={**os.environ, "PYTHON": str(python), "PIP_INSTALL_ARGS": OFFLINE_PIP, "CUDA": "cpu"},
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
             output = done.stdout

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.sim_cuda import SimFault
+from tests.sim_cuda import SimDevice, SimFault
 from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
 from tidepool.pool import CudaUnavailable, MemoryPool, OutOfMemory, PoolError
 from tidepool.pool.resources import driver as cuda_driver
@@ -52,7 +52,8 @@ def test_matching_bindings_run_the_pool_and_the_status_says_which(sim, driver, b
     available, reason = cuda_driver.cuda_status(0)
     built = {12: "12.9", 13: "13.4"}[bindings]
     assert available, reason
-    assert reason == f"Simulated GPU, driver {cuda_driver.describe_version(driver)}, cuda-bindings for CUDA {built}"
+    driver_text = cuda_driver.describe_version(driver)
+    assert reason == f"Simulated GPU, driver {driver_text}, cuda-bindings for CUDA {built}"
     with MemoryPool("cuda", limit_bytes=256 * MiB) as pool:
         with pool.execution():
             pool.allocate(8 * MiB, stream=0)
@@ -313,3 +314,15 @@ print(json.dumps({{"variable": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     assert report["variable"] is None
     [line] = [line for line in report["log"] if "tidepool tokens_0" in line]
     assert "CUDA allocator not initialised (torch's native caching allocator)" in line
+
+
+def test_every_driver_call_the_tier_makes_exists_in_the_installed_bindings():
+    """The simulated device answers the calls by name; the installed cuda-bindings (12.9 or 13.x)
+    must have each, with the enums the resources read."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    calls = [name for name in dir(SimDevice) if name.startswith("cu") and callable(getattr(SimDevice, name))]
+    assert len(calls) > 20
+    missing = [name for name in calls if not hasattr(driver, name)]
+    assert missing == []
+    assert driver.CUevent_flags.CU_EVENT_DISABLE_TIMING and driver.CUresult.CUDA_ERROR_NOT_READY
+    assert driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD and driver.CUDA_VERSION >= 12000

@@ -75,7 +75,8 @@ def test_every_output_is_exact_while_the_device_runs_work_at_random_moments(sim,
                     for i, rows in enumerate(rng.integers(1, 3, size=rng.integers(1, 3)))]  # fmt: skip
         results = instance.execute(requests).results
         # Host outputs are valid until the next execute; device outputs stay the torch tensors they are.
-        answered += [(r, np.array(o["OUT"]) if outputs == "host" else o["OUT"]) for r, o in zip(requests, results)]
+        for request, result in zip(requests, results, strict=True):
+            answered.append((request, np.array(result["OUT"]) if outputs == "host" else result["OUT"]))
     device.cuCtxSynchronize()
     for request, out in answered:
         np.testing.assert_array_equal(np.asarray(out), expected(request))
@@ -128,4 +129,13 @@ def test_an_execute_waits_for_no_trim_and_the_housekeeping_does_it_afterwards(si
     instance.housekeep()
     assert device_pool.stats().budget_trims == 1 and device_pool.budget.trim_wanted() == 0
     assert "cuMemPoolTrimTo" in [call for call, _ in device.blocking_calls[before:]]
+    instance.close()
+
+
+def test_the_log_line_names_the_device_the_driver_and_the_bindings(sim, tmp_path):
+    device = sim(13000, 13)
+    instance = gpu_instance(device, tmp_path)
+    line = instance.describe()
+    assert "cuda:0, outputs to the host" in line
+    assert "pool cuda (asked for cuda: Simulated GPU, driver CUDA 13.0, cuda-bindings for CUDA 13.4)" in line
     instance.close()

@@ -240,8 +240,9 @@ class ModelInstance:
             else ""
         )
         s = self.settings
+        outputs = f", outputs to the {s.gpu_outputs}" if self.link is not None else ""
         return (
-            f"{s.device}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
+            f"{s.device}{outputs}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
             + ("; attention fast path off in its passes" if s.attention_fast_path_off else "")
             + "".join(f"; NOTE: {note}" for note in notes)
         )

@@ -22,6 +22,8 @@ def make_resource(kind: str, device: int, limit_bytes: int | None) -> tuple[Memo
         if not available:
             return HostResource(), f"auto: host memory, because {reason}"
         reason = f"auto: CUDA device {device} ({reason})"
+    elif kind in ("pinned", "cuda"):
+        reason = f"asked for {kind}: {cuda_status(device)[1]}"  # the device, driver and bindings
     else:
         reason = f"asked for {kind}"
     if kind == "host":
