@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tidepool.processes import process_start
 from tidepool.runtime import cores
 from tidepool.runtime import settings as settings_module
 from tidepool.runtime.cores import (
@@ -177,17 +178,45 @@ def test_more_instances_than_cores_run_one_thread_each(tmp_path, clock, monkeypa
     assert [share.start() for share in shares] == [1] * 6  # all counted busy (the hold): one each
 
 
-def test_a_dead_owners_slot_is_taken_again(tmp_path, clock):
+def dead_owner(share: CoreShare, slot: int, threads: int, zombie: bool = False) -> subprocess.Popen:
+    """Slot `slot` of the table, owned by a process that died in the middle of a forward pass
+    (a zombie: killed, and not reaped by its parent yet)."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    rows = share.table.rows
+    rows["pid"][slot], rows["start"][slot] = owner.pid, process_start(owner.pid)
+    rows["busy_until"][slot], rows["threads"][slot] = BUSY, threads
+    owner.kill()
+    if not zombie:
+        owner.wait()
+    else:
+        deadline = time.monotonic() + 10
+        while process_start(owner.pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return owner
+
+
+@pytest.mark.parametrize("zombie", [False, True])
+def test_a_dead_owners_cores_come_back_without_a_wait(tmp_path, clock, zombie):
     first = join(tmp_path)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    first._pids[1], first._busy_until[1] = dead.pid, BUSY  # died in the middle of a forward pass
-    first._threads[1] = 1
-    assert first.start() == 1
+    owner = dead_owner(first, 1, threads=2, zombie=zombie)  # it held every core
+    assert first.start() == 2 and first.last_wait_ns == 0  # cleared before it would have waited
+    assert first.table.rows["pid"][1] == 0
     first.stop()
-    clock[0] += HOLD_NS + 1
+    owner.wait()
     second = join(tmp_path)
-    assert second.slot == 1 and first.start() == 2
+    assert second.slot == 1
+
+
+def test_a_dead_owner_holding_some_cores_gives_them_back_within_the_reclaim_interval(tmp_path, clock):
+    first = join(tmp_path)
+    first.start()
+    first.stop()
+    dead_owner(first, 1, threads=1)
+    clock[0] += HOLD_NS + 1
+    assert first.start() == 1  # the dead slot still counts until the next reclaim
+    first.stop()
+    clock[0] += cores.RECLAIM_EVERY_NS
+    assert first.start() == 2
 
 
 def test_the_last_instance_to_leave_removes_the_file(tmp_path):

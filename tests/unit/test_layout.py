@@ -53,6 +53,7 @@ ALLOWED = {
     # extras: optional packages asked for by name, with how to install them.
     "extras": {"errors"},
     "cli": None,  # the command line may use every part
+    "commands": None,
 }
 
 

@@ -270,7 +270,7 @@ def test_a_pool_outside_a_budget_is_unchanged():
 def test_a_killed_process_its_parent_has_not_reaped_counts_as_gone():
     import subprocess
 
-    from tidepool.pool.ledger import process_start
+    from tidepool.processes import process_start
 
     child = subprocess.Popen(["sleep", "60"])
     assert process_start(child.pid) is not None

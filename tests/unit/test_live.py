@@ -3,6 +3,7 @@ reload (two thresholds apart, so steady traffic never flaps)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,24 +233,27 @@ def test_serving_overhead_overlaps_across_instances_so_it_can_favour_more_of_the
 def test_a_live_replan_takes_the_saved_profiles_and_profiles_only_without_them(tmp_path, monkeypatch, capsys):
     """No server call when profiles were saved; without them, a warning when the server is busy,
     and the settings left to profile."""
-    from tidepool import cli
     from tidepool.planning import live
     from tidepool.planning.profile import Profile
     from tidepool.planning.run import PlanSettings, save_profiles
 
     settings = PlanSettings(tmp_path, Budgets(memory_bytes=2**30, latency_ms=100, cores=2))
+
+    def warn(text):
+        print(text, file=sys.stderr)
+
     target = LiveSettings("127.0.0.1:8000", "encoder")
     asked: list[str] = []
     monkeypatch.setattr(live, "serving_rate", lambda server, model: asked.append(server) or 37.0)
 
-    unchanged = cli._profiles_for_live(settings, target)
+    unchanged = live.profiles_for_live(settings, target, say=print, warn=warn)
     assert unchanged.saved_profiles == () and asked == ["127.0.0.1:8000"]
     err = capsys.readouterr().err
     assert "no saved profiles" in err and "profiling now" in err
     assert "warning: the server answers 37 samples/s of encoder now" in err
 
     save_profiles(tmp_path, [Profile.read(PROFILES / "encoder_cpu.json")])
-    planned = cli._profiles_for_live(settings, target)
+    planned = live.profiles_for_live(settings, target, say=print, warn=warn)
     assert [p.name for p in planned.saved_profiles] == ["cpu-fp32-eager-2t.json"]
     assert asked == ["127.0.0.1:8000"]  # not asked again
     assert "planning from the 1 profiles" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import pytest
 from tidepool import cli
 from tidepool.configfile import read_config
 from tidepool.planning.plan import PlanError
-from tidepool.planning.run import fit_floors, node_shares, repository_models
+from tidepool.planning.together import fit_floors, node_shares, repository_models, tier_budget
 from tidepool.pool import MemoryPool
 from tidepool.testing import MODEL_REPOSITORY
 
@@ -51,9 +51,9 @@ def test_a_repository_is_planned_so_that_its_floors_fit_the_budget_together(repo
 
 def test_one_model_is_planned_as_before_with_a_tier_or_a_bare_size(repository):
     assert repository_models(repository / "encoder") == [repository / "encoder"]
-    assert cli._memory_budget("host=1GiB,cuda:0=4GiB", "cpu") == (2**30, "host=1024MiB")
-    assert cli._memory_budget("2GiB", "cpu")[0] == 2 * 2**30
-    assert cli._memory_budget("host=1GiB,cuda:0=4GiB", "cuda")[0] == 4 * 2**30
+    assert tier_budget("host=1GiB,cuda:0=4GiB", "cpu") == (2**30, "host=1024MiB")
+    assert tier_budget("2GiB", "cpu")[0] == 2 * 2**30
+    assert tier_budget("host=1GiB,cuda:0=4GiB", "cuda")[0] == 4 * 2**30
 
 
 def test_a_budget_without_the_models_tier_or_a_directory_without_models_is_one_line(tmp_path, capsys):

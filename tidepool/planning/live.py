@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tidepool import parameters as param
@@ -25,7 +25,7 @@ from tidepool.planning.choose import capacity
 from tidepool.planning.config_writer import planned_config, write_plan
 from tidepool.planning.plan import Budgets, ConfigKey, Plan
 from tidepool.planning.profile import Profile
-from tidepool.planning.run import PROFILES_NOTE, PlanSettings, saved_profile_paths
+from tidepool.planning.run import PROFILES_DIRECTORY, PROFILES_NOTE, PlanSettings, saved_profile_paths
 
 # Switch to a config with more capacity when traffic passes this share of the current one's...
 SCALE_UP_AT = 0.75
@@ -334,6 +334,26 @@ def serving_rate(server: str, model: str, seconds: float = 2.0) -> float:
     """Samples per second the server answers `model` now (to warn before profiling beside it)."""
     with connect(server) as connection:
         return observe(connection, model, seconds).rate
+
+
+def profiles_for_live(
+    settings: PlanSettings, live: LiveSettings, say: Callable[[str], None], warn: Callable[[str], None]
+) -> PlanSettings:
+    """A re-plan of a live server plans from the profiles `tidepool plan --write` saved beside the
+    config; only where there are none it profiles here, saying so, and warns when the server is busy."""
+    saved = saved_profile_paths(settings.model_dir)
+    if saved:
+        say(f"planning from the {len(saved)} profiles `tidepool plan --write` saved in "
+            f"{settings.model_dir / PROFILES_DIRECTORY}")  # fmt: skip
+        return replace(settings, saved_profiles=saved)
+    warn(f"no saved profiles in {settings.model_dir / PROFILES_DIRECTORY} and no --profile: profiling "
+         "now, on this machine")  # fmt: skip
+    rate = serving_rate(live.server, live.model)
+    if rate > 0:
+        warn(f"warning: the server answers {rate:.0f} samples/s of {live.model} now; a profile taken "
+             "beside it measures that load too (plan once on an idle machine with --write, which "
+             "saves the profiles)")  # fmt: skip
+    return settings
 
 
 def replan_from_server(

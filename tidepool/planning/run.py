@@ -1,20 +1,21 @@
 """What `tidepool profile` and `tidepool plan` run, behind typed settings: how to measure a model,
-which profiles a plan chooses from, the ranked candidates, verification on a real server, and the
-config written. The command line only builds the settings; what a run says goes to `say` (the
-report, on stdout) and `progress` (on stderr)."""
+which profiles a plan chooses from, the ranked candidates, verification on a real server, the
+config written, and a repository's models planned one by one with shares of one node budget. The
+command line only builds the settings; what a run says goes to `say` (the report, on stdout) and
+`progress` (on stderr)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tidepool.planning.candidates import candidates, precisions_to_try, thread_splits, to_verify
 from tidepool.planning.config_writer import write_plan
 from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan, PlanError
 from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT, Profile
-from tidepool.pool import MemoryPool
+from tidepool.planning.together import NodeShare, fit_floors, node_shares
 
 Say = Callable[[str], None]
 
@@ -82,59 +83,6 @@ class PlanSettings:
     report_dir: Path | None = None  # default: reports/plan-MODEL-TIME
     write: bool = False
     node_share: NodeShare | None = None  # planned together with the repository's other models
-
-
-@dataclass(frozen=True)
-class NodeShare:
-    """This model's part of a node memory budget that the models of one repository share: its
-    budgets' memory, and the floors (POOL_INITIAL_BYTES, which its pools never lend) fit in it."""
-
-    share_bytes: int
-    note: str  # for the config's header: the budget, who shares it, and why this share
-
-
-def repository_models(directory: Path) -> list[Path]:
-    """The model to plan: `directory` itself where it holds a config.pbtxt, else every model
-    directory in it (a repository, planned together)."""
-    if (directory / "config.pbtxt").is_file():
-        return [directory]
-    if not directory.is_dir():
-        raise PlanError(f"{directory} is not a directory")
-    models = sorted(p for p in directory.iterdir() if (p / "config.pbtxt").is_file())
-    if not models:
-        raise PlanError(f"{directory} is neither a model directory nor a repository (no config.pbtxt)")
-    return models
-
-
-def node_shares(models: Sequence[Path], budget_bytes: int, budget_text: str) -> dict[Path, NodeShare]:
-    """An even split of the node budget among the models of a repository: each is planned with its
-    share, so that whatever each plan holds at its floor, all fit beside each other."""
-    share = budget_bytes // len(models)
-    names = ", ".join(model.name for model in models)
-    return {
-        model: NodeShare(
-            share,
-            f"Node budget: {budget_text} for {len(models)} models planned together ({names}); this one's "
-            f"share {share / 2**20:.0f} MiB, an even split, holds its floors (POOL_INITIAL_BYTES, "
-            "never lent) and its memory budget above.",
-        )
-        for model in models
-    }
-
-
-def fit_floors(plan: Plan, share_bytes: int) -> None:
-    """Cap POOL_INITIAL_BYTES where the instances' floors (each the power of two a pool reserves
-    at start) would pass the model's share of the node budget; the pools borrow the rest."""
-    if plan.instance_count * MemoryPool.initial_arena_bytes(plan.pool_initial_bytes) <= share_bytes:
-        return
-    per_instance = share_bytes // plan.instance_count
-    capped = 1 << (per_instance.bit_length() - 1) if per_instance > 0 else 0
-    plan.pool_initial_bytes = capped
-    plan.reasons["pool_initial_bytes"] = (
-        plan.reasons.get("pool_initial_bytes", "")
-        + f"; capped at {capped / 2**20:.0f} MiB so that {plan.instance_count} floors fit this model's "
-        "share of the node budget (above it the pools borrow what others lend)"
-    )
 
 
 # `tidepool plan --write` keeps the profiles it planned from beside the config it writes, so that a
@@ -251,3 +199,36 @@ def plan_model(
     else:
         say("(dry run: --write writes config.pbtxt)")
     return outcome
+
+
+def plan_repository(
+    settings: PlanSettings,
+    models: Sequence[Path],
+    budget_text: str,
+    say: Say = _silent,
+    progress: Say = _silent,
+) -> list[str]:
+    """Every model of a repository planned with an even share of the node budget (`settings.budgets`'
+    memory), from the profiles saved beside it where `plan --write` left some; returns why each model
+    that could not be planned could not."""
+    began = time.perf_counter()
+    shares = node_shares(models, settings.budgets.memory_bytes, budget_text)
+    impossible = []
+    for model in models:
+        share = shares[model]
+        say(f"== {model.name}: {share.share_bytes / 2**20:.0f} MiB of the node budget {budget_text}")
+        saved = saved_profile_paths(model)
+        if saved:
+            say(f"planning from the {len(saved)} profiles `tidepool plan --write` saved beside it")
+        one = replace(
+            settings,
+            model_dir=model,
+            saved_profiles=saved,
+            budgets=replace(settings.budgets, memory_bytes=share.share_bytes),
+            node_share=share,
+            report_dir=settings.report_dir / model.name if settings.report_dir else None,
+        )
+        outcome = plan_model(one, gather_profiles(one, say, progress), say, progress, began)
+        if outcome.chosen is None:
+            impossible.append(f"{model.name}: {outcome.impossible}")
+    return impossible

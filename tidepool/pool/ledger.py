@@ -1,22 +1,18 @@
 """The node ledger: one shared file per server and tier that every pool of the server's stub
 processes reserves from before it grows upstream, so that the models on a node share one memory
 budget. Each pool keeps a floor; what it holds above it is lent, and a pool that needs memory the
-budget no longer has asks the others to trim and waits a bounded time. Entries of dead processes
-are reclaimed by whoever next takes the lock.
+budget no longer has asks the others to trim and waits a bounded time. The file is a slot table
+(processes.SlotTable): entries of dead processes are reclaimed by whoever next takes the lock.
 
 Layout (int64 unless said): a header [magic, version, budget, trims, denials, creator pid], then
 SLOTS entries [pid, start ticks, floor, reserved, in use, trim wanted, model (64 bytes), instance
-(64 bytes)]. The lock is flock on the file: the kernel drops it with a killed process."""
+(64 bytes)]."""
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,16 +21,16 @@ import numpy as np
 
 from tidepool.pool.budget import TierBudget, budget_for
 from tidepool.pool.errors import PoolError
-from tidepool.processes import SHM_DIRECTORY, alive, shared_directory
+from tidepool.processes import SHM_DIRECTORY, SlotTable, alive, fit_utf8, shared_directory
 
 MAGIC = 0x7469646570_6F6F6C  # "tidepool"
 VERSION = 1
 SLOTS = 128
 HEADER = np.dtype([("magic", "<i8"), ("version", "<i8"), ("budget", "<i8"), ("trims", "<i8"),
                    ("denials", "<i8"), ("creator", "<i8")])  # fmt: skip
+NAME_BYTES = 64  # model and instance names, cut on a character boundary
 ENTRY = np.dtype([("pid", "<i8"), ("start", "<i8"), ("floor", "<i8"), ("reserved", "<i8"), ("in_use", "<i8"),
                   ("trim_wanted", "<i8"), ("model", "S64"), ("instance", "S64")])  # fmt: skip
-FILE_BYTES = HEADER.itemsize + SLOTS * ENTRY.itemsize
 # How long a reservation waits for other pools to trim: they answer from their background
 # housekeeping within housekeeping.POLL_S, or as their execution ends, so this is many rounds.
 WAIT_S = 1.0
@@ -75,18 +71,6 @@ def remove_dead_ledgers(directory: Path | None = None) -> list[Path]:
     return removed
 
 
-def process_start(pid: int) -> int | None:
-    """When `pid` started (clock ticks after boot), or None where no such process runs (a zombie,
-    such as a killed stub its server has not reaped, runs no more): a pid reused by a new process
-    then reads as another process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
@@ -106,16 +90,20 @@ class EntryView:
 class NodeLedger:
     """One tier's ledger of one server, as this process sees it."""
 
-    def __init__(self, path: Path, tier: str, fd: int, shared: mmap.mmap) -> None:
-        self.path = path
+    def __init__(self, tier: str, table: SlotTable) -> None:
+        self.path = table.path
         self.tier = tier
-        self._fd = fd
-        self._file = shared
-        self._header: np.ndarray[Any, Any] = np.frombuffer(shared, HEADER, 1, 0)
-        self._entries: np.ndarray[Any, Any] = np.frombuffer(shared, ENTRY, SLOTS, HEADER.itemsize)
-        self._thread_lock = threading.Lock()
+        self._table = table
         self.created = False  # whether this process made the file (and so chose the budget)
         self.budget_why = ""
+
+    @property
+    def _header(self) -> np.ndarray[Any, Any]:
+        return self._table.header
+
+    @property
+    def _entries(self) -> np.ndarray[Any, Any]:
+        return self._table.rows
 
     @classmethod
     def attach(
@@ -130,47 +118,34 @@ class NodeLedger:
         path = ledger_path(server_pid if server_pid is not None else os.getppid(), tier, directory)
         if not path.exists():
             remove_dead_ledgers(path.parent)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if not _same_file(fd, path):  # the last one out removed it while we waited
-                os.close(fd)
-                continue
-            ledger: NodeLedger | None = None
-            try:
-                fresh = os.fstat(fd).st_size < FILE_BYTES
-                if fresh:
-                    os.ftruncate(fd, FILE_BYTES)
-                ledger = cls(path, tier, fd, mmap.mmap(fd, FILE_BYTES))
-                if fresh or ledger._field("magic") != MAGIC:
-                    chosen = budget or budget_for(tier)
-                    ledger._header[0] = (MAGIC, VERSION, chosen.nbytes, 0, 0, os.getpid())
-                    ledger.created, ledger.budget_why = True, chosen.why
-                elif ledger._field("version") != VERSION:
-                    found = ledger._field("version")
-                    raise PoolError(f"{path} has ledger version {found}, expected {VERSION}")
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return ledger
-            except BaseException:
-                if ledger is not None:
-                    ledger.close()  # closes fd, and with it the lock
-                else:
-                    os.close(fd)
-                raise
+        made: dict[str, str] = {}
+
+        def prepare(table: SlotTable, fresh: bool) -> None:
+            header = table.header
+            if fresh or int(header["magic"][0]) != MAGIC:
+                chosen = budget or budget_for(tier)
+                header[0] = (MAGIC, VERSION, chosen.nbytes, 0, 0, os.getpid())
+                made["why"] = chosen.why
+            elif int(header["version"][0]) != VERSION:
+                raise PoolError(f"{path} has ledger version {int(header['version'][0])}, expected {VERSION}")
+
+        ledger = cls(tier, SlotTable.open(path, HEADER, ENTRY, SLOTS, prepare))
+        ledger.created, ledger.budget_why = "why" in made, made.get("why", "")
+        return ledger
 
     @classmethod
     def open_existing(cls, path: Path) -> NodeLedger:
         """A ledger file that exists (for `tidepool status`); PoolError where it is not one."""
         tier = path.name.partition("_ledger_")[2].replace("cuda", "cuda:")
-        fd = os.open(path, os.O_RDWR)
-        if os.fstat(fd).st_size < FILE_BYTES:
-            os.close(fd)
-            raise PoolError(f"{path} is not a node ledger (too short)")
-        ledger = cls(path, tier, fd, mmap.mmap(fd, FILE_BYTES))
-        if ledger._field("magic") != MAGIC or ledger._field("version") != VERSION:
-            ledger.close()
-            raise PoolError(f"{path} is not a node ledger of this version")
-        return ledger
+
+        def check(table: SlotTable, fresh: bool) -> None:
+            if int(table.header["magic"][0]) != MAGIC or int(table.header["version"][0]) != VERSION:
+                raise PoolError(f"{path} is not a node ledger of this version")
+
+        try:
+            return cls(tier, SlotTable.open(path, HEADER, ENTRY, SLOTS, check, create=False))
+        except ValueError as exc:
+            raise PoolError(f"{path} is not a node ledger ({exc})") from None
 
     @property
     def server_pid(self) -> int:
@@ -178,21 +153,8 @@ class NodeLedger:
 
     # -- the lock and what it guards -------------------------------------------------------
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                self._reclaim_dead()
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def _reclaim_dead(self) -> None:
-        for slot in np.flatnonzero(self._entries["pid"]):
-            entry = self._entries[slot]
-            if process_start(int(entry["pid"])) != int(entry["start"]):
-                self._entries[slot] = np.zeros((), ENTRY)
+    def _locked(self) -> AbstractContextManager[None]:
+        return self._table.locked()  # dead pools' rows are cleared first
 
     def _field(self, name: str) -> int:
         return int(self._header[name][0])
@@ -223,8 +185,8 @@ class NodeLedger:
         with self._locked():
             return [
                 EntryView(
-                    model=e["model"].decode(),
-                    instance=e["instance"].decode(),
+                    model=e["model"].decode(errors="replace"),
+                    instance=e["instance"].decode(errors="replace"),
                     pid=int(e["pid"]),
                     floor=int(e["floor"]),
                     reserved=int(e["reserved"]),
@@ -238,7 +200,8 @@ class NodeLedger:
         live = self._entries[self._entries["pid"] != 0]
         return (
             "; ".join(
-                f"{e['instance'].decode()} (pid {int(e['pid'])}) reserved {_mib(int(e['reserved']))}, "
+                f"{e['instance'].decode(errors='replace')} (pid {int(e['pid'])}) "
+                f"reserved {_mib(int(e['reserved']))}, "
                 f"floor {_mib(int(e['floor']))}"
                 for e in live
             )
@@ -260,13 +223,13 @@ class NodeLedger:
                     "(TIDEPOOL_MEMORY_BUDGET or `tidepool serve --memory-budget`) or plan the models "
                     "together (`tidepool plan MODEL_REPOSITORY --memory-budget`)"
                 )
-            free = np.flatnonzero(self._entries["pid"] == 0)
-            if not len(free):
+            slot = self._table.take()
+            if slot is None:
                 raise PoolError(f"more than {SLOTS} pools share {self.path}")
-            slot = int(free[0])
-            pid = os.getpid()
-            self._entries[slot] = (pid, process_start(pid) or 0, floor, 0, 0, 0, model.encode()[:64],
-                                   instance.encode()[:64])  # fmt: skip
+            entries = self._entries
+            entries["floor"][slot] = floor
+            entries["model"][slot] = fit_utf8(model, NAME_BYTES)
+            entries["instance"][slot] = fit_utf8(instance, NAME_BYTES)
             return LedgerEntry(self, slot, floor)
 
     def _reserve_once(self, slot: int, nbytes: int, asked: bool) -> tuple[bool, str | None]:
@@ -329,14 +292,10 @@ class NodeLedger:
     def leave(self, entry: LedgerEntry) -> None:
         """Free the slot; the last pool to leave removes the file."""
         with self._locked():
-            self._entries[entry.slot] = np.zeros((), ENTRY)
-            if not self._entries["pid"].any() and _same_file(self._fd, self.path):
-                self.path.unlink()
+            self._table.give_up(entry.slot)
 
     def close(self) -> None:
-        del self._header, self._entries  # numpy views pin the mapping until they go
-        self._file.close()
-        os.close(self._fd)
+        self._table.close()
 
 
 @dataclass
@@ -377,10 +336,3 @@ class LedgerEntry:
 
     def leave(self) -> None:
         self.ledger.leave(self)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False

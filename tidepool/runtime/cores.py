@@ -1,7 +1,9 @@
 """Elastic torch threads: the CPU instances of one server share its cores among those computing
-right now. Each instance holds a slot in a small shared file named after the server's pid and,
-before each forward pass, takes cores / (instances busy) threads, capped at TORCH_NUM_THREADS;
-where the others already use every core (one took them all while it ran alone), it waits for them.
+right now. Each instance holds a slot in a small shared file named after the server's pid (a
+processes.SlotTable, so a killed instance's slot and cores come back as its memory does in the node
+ledger) and, before each forward pass, takes cores / (instances busy) threads, capped at
+TORCH_NUM_THREADS; where the others already use every core (one took them all while it ran alone),
+it waits for them.
 
 Why: on a CPU the best split of the cores depends on the load. One instance with every core
 answers a lone request fastest; one instance per core serves most under load. Elastic threads
@@ -13,8 +15,6 @@ reload does not take the cores from the instances that serve meanwhile."""
 
 from __future__ import annotations
 
-import fcntl
-import mmap
 import os
 import threading
 import time
@@ -28,13 +28,14 @@ import numpy as np
 from tidepool import parameters as param
 from tidepool.machine import usable_cores
 from tidepool.parameters import DEFAULT_HOLD_US
-from tidepool.processes import alive, shared_directory
+from tidepool.processes import SlotTable, shared_directory
 from tidepool.spec import ConfigError, ModelSpec, parse_model_config
 
 SLOTS = 64
-# Per slot (int64 each): the owner's pid (0: free), until when it counts as busy (monotonic ns),
+# Per slot: the owner (pid, 0: free; its start time), until when it counts as busy (monotonic ns),
 # and the threads its forward pass runs with now (0: none).
-FILE_BYTES = SLOTS * 8 * 3
+ROW = np.dtype([("pid", "<i8"), ("start", "<i8"), ("busy_until", "<i8"), ("threads", "<i8")])
+NO_HEADER = np.dtype([])
 BUSY = 2**63 - 1  # "until further notice": computing now
 # Under load an instance counts as busy for a while after its forward pass (the hold), so that
 # another one that starts while it fetches its next batch does not take its cores and then share
@@ -64,6 +65,9 @@ LOADED_OVERLAP = 0.06
 # OpenMP threads wait at each barrier for a thread the kernel has descheduled.
 MAX_WAIT_S = 0.1
 POLL_S = 0.0002
+# A killed instance's slot keeps its BUSY mark and its threads until someone clears it: a pass
+# clears dead owners' slots before it would wait for a core, and at least this often otherwise.
+RECLAIM_EVERY_NS = 1_000_000_000
 SPIN_VARIABLE = "GOMP_SPINCOUNT"
 # What a loading instance's thread adds to its nice value, from TIDEPOOL_LOADING_NICENESS in
 # tritonserver's environment (default 0: load at full priority, in the stub's main thread).
@@ -161,20 +165,27 @@ def share_path(server_pid: int, directory: Path | None = None) -> Path:
 class CoreShare:
     """This instance's slot among the instances of one server."""
 
-    path: Path
+    table: SlotTable
     slot: int
     cores: int
     cap: int  # TORCH_NUM_THREADS: never more threads than this
     hold_ns: int  # the least time this instance counts as busy after a forward pass
-    _file: mmap.mmap
-    _pids: np.ndarray[Any, np.dtype[np.int64]]
-    _busy_until: np.ndarray[Any, np.dtype[np.int64]]
-    _threads: np.ndarray[Any, np.dtype[np.int64]]
     last_wait_ns: int = field(default=0, init=False)  # how long the last start waited for a core
     _last_stop_ns: int = field(default=0, init=False)
     _gap_ns: float = field(default=float(GAP_CAP_NS), init=False)  # moving mean of gaps between passes
     _overlap: float = field(default=0.0, init=False)  # moving share of passes that overlapped another's
     _started_with_others: bool = field(default=False, init=False)
+    _reclaimed_ns: int = field(default=0, init=False)  # when dead owners' slots were last cleared
+
+    def __post_init__(self) -> None:
+        # Views of the shared rows for the hot path (read and written without the lock: each
+        # instance writes its own row only).
+        self._busy_until: np.ndarray[Any, Any] = self.table.rows["busy_until"]
+        self._threads: np.ndarray[Any, Any] = self.table.rows["threads"]
+
+    @property
+    def path(self) -> Path:
+        return self.table.path
 
     @classmethod
     def join(
@@ -185,46 +196,31 @@ class CoreShare:
         server_pid: int | None = None,
         directory: Path | None = None,
     ) -> CoreShare:
-        """Take a free slot (or one whose owner died). `server_pid` defaults to the parent
+        """Take a free slot (dead owners' slots are free). `server_pid` defaults to the parent
         process: a Triton Python stub is a child of tritonserver."""
         path = share_path(server_pid if server_pid is not None else os.getppid(), directory)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if not _same_file(fd, path):  # the last owner removed it while we waited
-                    continue
-                if os.fstat(fd).st_size < FILE_BYTES:
-                    os.ftruncate(fd, FILE_BYTES)
-                shared = mmap.mmap(fd, FILE_BYTES)
-                share = cls(
-                    path, -1, cores, cap, hold_us * 1000, shared,
-                    *(np.frombuffer(shared, np.int64, SLOTS, SLOTS * 8 * part) for part in range(3)),
-                )  # fmt: skip
-                free = [s for s in range(SLOTS) if not share._pids[s] or not alive(int(share._pids[s]))]
-                if not free:
-                    share._close()
-                    raise RuntimeError(f"more than {SLOTS} instances share {path}")
-                share.slot = free[0]
-                share._pids[share.slot] = os.getpid()
-                share._busy_until[share.slot] = share._threads[share.slot] = 0
-                return share
-            finally:
-                # Unlock explicitly: Python's mmap keeps a duplicate of the descriptor, which
-                # would otherwise hold the lock for as long as the mapping lives.
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+        table = SlotTable.open(path, NO_HEADER, ROW, SLOTS)
+        with table.locked():
+            slot = table.take()
+        if slot is None:
+            table.close()
+            raise RuntimeError(f"more than {SLOTS} instances share {path}")
+        return cls(table, slot, cores, cap, hold_us * 1000)
 
     def busy_instances(self) -> int:
         return int(np.count_nonzero(self._busy_until > time.monotonic_ns()))
 
     def start(self) -> int:
         """Mark this instance busy; the torch threads it should run its forward pass with: its
-        share of the cores among the busy instances, no more than the others leave free."""
+        share of the cores among the busy instances, no more than the others leave free. Before it
+        waits for a core it clears the slots of instances that died (a killed stub's BUSY slot
+        would otherwise keep its cores)."""
         now = time.monotonic_ns()
         if self._last_stop_ns:
             self._gap_ns = 0.5 * self._gap_ns + 0.5 * min(now - self._last_stop_ns, GAP_CAP_NS)
         self._busy_until[self.slot] = BUSY
+        if now - self._reclaimed_ns >= RECLAIM_EVERY_NS:
+            self._reclaim_dead(now)
         self._started_with_others = self._others_computing()
         give_up = time.monotonic() + MAX_WAIT_S
         self.last_wait_ns = 0
@@ -235,8 +231,15 @@ class CoreShare:
                 threads = max(1, min(share, free))
                 self._threads[self.slot] = threads
                 return threads
+            if self._reclaimed_ns != now:  # once per pass, before it first waits
+                self._reclaim_dead(now)
+                continue
             time.sleep(POLL_S)
             self.last_wait_ns = time.monotonic_ns() - now
+
+    def _reclaim_dead(self, now: int) -> None:
+        with self.table.locked():  # the table clears dead owners' rows as it is taken
+            self._reclaimed_ns = now
 
     def stop(self) -> None:
         self._threads[self.slot] = 0
@@ -260,31 +263,9 @@ class CoreShare:
 
     def leave(self) -> None:
         """Free the slot; the last instance to leave removes the file."""
-        if self._file.closed:
+        if self.table.closed:
             return
-        try:
-            fd = os.open(self.path, os.O_RDWR)
-        except FileNotFoundError:  # removed by a cleanup: nobody else uses it either
-            self._close()
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._pids[self.slot] = 0
-            self._busy_until[self.slot] = self._threads[self.slot] = 0
-            if not self._pids.any() and _same_file(fd, self.path):
-                self.path.unlink()
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            self._close()
-
-    def _close(self) -> None:
-        del self._pids, self._busy_until, self._threads  # numpy views pin the mapping until they go
-        self._file.close()
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
+        with self.table.locked():
+            self.table.give_up(self.slot)
+        del self._busy_until, self._threads  # numpy views pin the mapping until they go
+        self.table.close()

@@ -1,0 +1,69 @@
+"""What several commands share: argparse types, progress on stderr, the measuring flags of
+`profile` and `plan`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from tidepool.errors import TidepoolError
+from tidepool.spec import parse_bytes, parse_duration, positive_ints
+
+if TYPE_CHECKING:
+    from tidepool.planning.run import Measuring
+
+
+def progress_printer(text: str) -> None:
+    """Progress of long work on stderr: one line rewritten in place on a terminal."""
+    end = "\r" if sys.stderr.isatty() else "\n"
+    print(f"{text:<90}", end=end, file=sys.stderr, flush=True)
+
+
+def duration(text: str) -> float:
+    """An argparse type: '10s', '500ms', '5m' or a plain number of seconds -> seconds."""
+    try:
+        return parse_duration(text, "duration")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: '1,2,4' -> [1, 2, 4], each at least 1."""
+    try:
+        return positive_ints(text, "a list", example="1,2,4")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_measuring_options(parser: argparse.ArgumentParser) -> None:
+    from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT
+
+    parser.add_argument(
+        "--batch-sizes",
+        type=int_list,
+        default=list(PROFILE_BATCH_SIZES),
+        metavar="B1,B2",
+        help=f"default: {','.join(map(str, PROFILE_BATCH_SIZES))}",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
+    parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
+    parser.add_argument(
+        "--seconds-per-point",
+        type=float,
+        default=SECONDS_PER_POINT,
+        help="time each batch size for about this long, at least 10 passes (default: %(default)s)",
+    )
+
+
+def measuring(args: argparse.Namespace) -> Measuring:
+    from tidepool.planning.run import Measuring
+
+    return Measuring(
+        batch_sizes=tuple(args.batch_sizes),
+        device=args.device,
+        seconds_per_point=args.seconds_per_point,
+        max_latency_ms=args.max_latency_ms,
+        memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+    )
