@@ -5,123 +5,60 @@ memory is backed by host buffers at fake addresses so that contents can be check
 cuMemPool keeps what it reserved until trimmed (or a synchronize passes its release threshold),
 and every call needs a current context. It stands in for cuda-python's driver module
 (`cuda.bindings.driver`) of either generation (`bindings=12` or `13`) over a driver of any version.
-
-`SimulatedLink` is the instance's device seam (tidepool.runtime.device) over this device: the
-forward pass is queued on the stream behind the input copies, as torch queues its kernels."""
+Its enums and structs: sim_cuda_types.py; the instance's device link over it: sim_link.py."""
 
 from __future__ import annotations
 
 import ctypes
-import enum
+import functools
 import itertools
 import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
+
+from tests.sim_cuda_types import (
+    CU_MEMHOSTALLOC_PORTABLE,
+    OK,
+    POISON,
+    UNWRITTEN,
+    CUevent_flags,
+    CUmemAllocationType,
+    CUmemLocationType,
+    CUmemPool_attribute,
+    CUmemPoolProps,
+    CUresult,
+    CUstream_flags,
+    SimFault,
+    Work,
+    _DeviceAllocation,
+    _Event,
+    _Pool,
+    cuuint64_t,
+)
 
 
-class SimFault(AssertionError):
-    """Something a real device would punish: a use after free, a freed buffer a copy still reads."""
+def _driver_call(values: int = 0, blocks: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A driver call: maybe some queued work runs first; without a current context, the error (and
+    `values` Nones after it, as the call's result has them); else the call, under the device's lock,
+    counted in `blocking_calls` where it `blocks` the host (or trims a pool)."""
 
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: SimDevice, *args: Any) -> Any:
+            if error := self._call(method.__name__):
+                return (error, *([None] * values))
+            with self._lock:
+                if blocks:
+                    self.blocking_calls.append((method.__name__, threading.current_thread().name))
+                return method(self, *args)
 
-class CUresult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_OUT_OF_MEMORY = 2
-    CUDA_ERROR_INVALID_CONTEXT = 201
-    CUDA_ERROR_NOT_READY = 600
+        return call
 
-
-class CUmemAllocationType(enum.IntEnum):
-    CU_MEM_ALLOCATION_TYPE_PINNED = 1
-
-
-class CUmemLocationType(enum.IntEnum):
-    CU_MEM_LOCATION_TYPE_DEVICE = 1
-
-
-class CUmemPool_attribute(enum.IntEnum):  # noqa: N801 - the driver's own name
-    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
-    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5
-    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6
-    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7
-    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
-
-
-class CUevent_flags(enum.IntEnum):  # noqa: N801
-    CU_EVENT_DEFAULT = 0
-    CU_EVENT_DISABLE_TIMING = 2
-
-
-class CUstream_flags(enum.IntEnum):  # noqa: N801
-    CU_STREAM_DEFAULT = 0
-    CU_STREAM_NON_BLOCKING = 1
-
-
-CU_MEMHOSTALLOC_PORTABLE = 1
-OK = CUresult.CUDA_SUCCESS
-UNWRITTEN = 0xCD  # fresh device memory, so that a read of what no copy wrote shows
-POISON = 0xDD  # freed pinned memory
-
-
-@dataclass
-class _Location:
-    type: int = 0
-    id: int = 0
-
-
-@dataclass
-class CUmemPoolProps:
-    allocType: int = 0  # noqa: N815
-    location: _Location = field(default_factory=_Location)
-    maxSize: int = 0  # noqa: N815
-
-
-class cuuint64_t(int):  # noqa: N801
-    pass
-
-
-@dataclass(eq=False)
-class Work:
-    """One item of a stream's queue."""
-
-    what: str  # "copy", "free", "kernel", "record", "wait"
-    run: Callable[[], None]
-    seq: int
-    reads_host: int | None = None  # the pinned buffer a copy reads or writes, while queued
-    event: _Event | None = None  # for "wait": the event it waits for
-    done: bool = False
-
-
-@dataclass
-class _Event:
-    marker: Work | None = None  # the latest record; done when it ran
-
-    @property
-    def complete(self) -> bool:
-        return self.marker is None or self.marker.done
-
-
-@dataclass
-class _Pool:
-    max_size: int
-    threshold: int = 0
-    reserved: int = 0
-    used: int = 0
-    cached: int = 0  # freed (and the free ran): reserved, handed out again or trimmed
-    reserved_high: int = 0
-    used_high: int = 0
-
-
-@dataclass
-class _DeviceAllocation:
-    pool: int | None
-    buffer: np.ndarray
-    live: bool = True
+    return wrap
 
 
 class SimDevice:
@@ -164,13 +101,12 @@ class SimDevice:
         self.host_allocations: dict[int, Any] = {}  # pinned: ptr -> the ctypes buffer that owns it
         self.freed_host: list[Any] = []  # kept, poisoned, so that a use after free reads 0xDD
         self.calls_without_context: list[str] = []
-        # (call, thread name) of every call that blocks the host or trims a pool
-        self.blocking_calls: list[tuple[str, str]] = []
+        self.blocking_calls: list[tuple[str, str]] = []  # (call, thread) that blocked or trimmed
         self.trims: list[tuple[int, int]] = []  # (pool, bytes kept) of each cuMemPoolTrimTo
 
     # -- the queues ------------------------------------------------------------------------
 
-    def _call(self, name: str, needs_context: bool = True) -> CUresult | None:
+    def _call(self, name: str) -> CUresult | None:
         """Every driver call: maybe some queued work runs; an error where no context is current."""
         with self._lock:
             if self.progress and self._random.random() < self.progress:
@@ -178,7 +114,7 @@ class SimDevice:
                 if queued:
                     stream = self._random.choice(queued)
                     self._run(stream, self.streams[stream][0])
-        if needs_context and getattr(self._local, "context", None) is None:
+        if getattr(self._local, "context", None) is None:
             self.calls_without_context.append(name)
             return CUresult.CUDA_ERROR_INVALID_CONTEXT
         return None
@@ -230,18 +166,11 @@ class SimDevice:
                 self._run(stream, marker)
                 return
 
-    def _run_everything(self) -> None:
-        for stream in list(self.streams):
-            self._run(stream)
-
     def _release_above_thresholds(self) -> None:
         """What a real cuMemPool does when a synchronize returns: cached memory above its release
         threshold goes back to the system."""
         for state in self.pools.values():
             self._trim(state, state.threshold)
-
-    def _wait(self, call: str) -> None:
-        self.blocking_calls.append((call, threading.current_thread().name))
 
     def queued(self, stream: int = 0) -> int:
         """How many items wait on `stream` (for tests)."""
@@ -277,81 +206,61 @@ class SimDevice:
         self._local.context = context
         return (OK,)
 
+    @_driver_call(blocks=True)
     def cuCtxSynchronize(self):  # noqa: N802
-        if error := self._call("cuCtxSynchronize"):
-            return (error,)
-        with self._lock:
-            self._wait("cuCtxSynchronize")
-            self._run_everything()
-            self._release_above_thresholds()
+        for stream in list(self.streams):
+            self._run(stream)
+        self._release_above_thresholds()
         return (OK,)
 
+    @_driver_call(values=1)
     def cuStreamCreate(self, flags):  # noqa: N802
-        if error := self._call("cuStreamCreate"):
-            return error, None
-        with self._lock:
-            handle = next(self._handles)
-            self.streams[handle] = deque()
-            if flags & CUstream_flags.CU_STREAM_NON_BLOCKING:
-                self.non_blocking.add(handle)
+        handle = next(self._handles)
+        self.streams[handle] = deque()
+        if flags & CUstream_flags.CU_STREAM_NON_BLOCKING:
+            self.non_blocking.add(handle)
         return OK, handle
 
+    @_driver_call(blocks=True)
     def cuStreamSynchronize(self, stream):  # noqa: N802
-        if error := self._call("cuStreamSynchronize"):
-            return (error,)
-        with self._lock:
-            self._wait("cuStreamSynchronize")
-            self._run(int(stream or 0))
-            self._release_above_thresholds()
+        self._run(int(stream or 0))
+        self._release_above_thresholds()
         return (OK,)
 
+    @_driver_call()
     def cuStreamWaitEvent(self, stream, event, flags):  # noqa: N802
-        if error := self._call("cuStreamWaitEvent"):
-            return (error,)
-        with self._lock:
-            recorded = _Event(self.events[int(event)].marker)  # what is recorded now, not later
-            self._queue(stream, "wait", lambda: None, event=recorded)
+        recorded = _Event(self.events[int(event)].marker)  # what is recorded now, not later
+        self._queue(stream, "wait", lambda: None, event=recorded)
         return (OK,)
 
+    @_driver_call(values=1)
     def cuEventCreate(self, flags):  # noqa: N802
-        if error := self._call("cuEventCreate"):
-            return error, None
-        with self._lock:
-            handle = next(self._handles)
-            self.events[handle] = _Event()
+        handle = next(self._handles)
+        self.events[handle] = _Event()
         return OK, handle
 
+    @_driver_call()
     def cuEventRecord(self, event, stream):  # noqa: N802
-        if error := self._call("cuEventRecord"):
-            return (error,)
-        with self._lock:
-            state = self.events[int(event)]
-            # An idle stream passes a record at once, as a real device does.
-            idle = self._idle(int(stream or 0))
-            state.marker = None if idle else self._queue(stream, "record", lambda: None)
+        state = self.events[int(event)]
+        # An idle stream passes a record at once, as a real device does.
+        idle = self._idle(int(stream or 0))
+        state.marker = None if idle else self._queue(stream, "record", lambda: None)
         return (OK,)
 
+    @_driver_call()
     def cuEventQuery(self, event):  # noqa: N802
-        if error := self._call("cuEventQuery"):
-            return (error,)
-        with self._lock:
-            return (OK if self.events[int(event)].complete else CUresult.CUDA_ERROR_NOT_READY,)
+        return (OK if self.events[int(event)].complete else CUresult.CUDA_ERROR_NOT_READY,)
 
+    @_driver_call(blocks=True)
     def cuEventSynchronize(self, event):  # noqa: N802
-        if error := self._call("cuEventSynchronize"):
-            return (error,)
-        with self._lock:
-            self._wait("cuEventSynchronize")
-            marker = self.events[int(event)].marker
-            if marker is not None and not marker.done:
-                self._run_to(marker)
+        marker = self.events[int(event)].marker
+        if marker is not None and not marker.done:
+            self._run_to(marker)
         return (OK,)
 
+    @_driver_call()
     def cuEventDestroy(self, event):  # noqa: N802
-        if error := self._call("cuEventDestroy"):
-            return (error,)
-        with self._lock:
-            del self.events[int(event)]
+        del self.events[int(event)]
         return (OK,)
 
     def new_stream(self, non_blocking: bool = False) -> int:
@@ -388,81 +297,71 @@ class SimDevice:
             self.device_memory[ptr] = _DeviceAllocation(None, np.full(max(nbytes, 1), UNWRITTEN, np.uint8))
             return ptr
 
+    @_driver_call(values=1)
     def cuMemPoolCreate(self, props):  # noqa: N802
-        if error := self._call("cuMemPoolCreate"):
-            return error, None
-        with self._lock:
-            handle = next(self._handles)
-            # Drivers before 12.2 ignore maxSize: the pool grows until the device is full.
-            self.pools[handle] = _Pool(props.maxSize if self.version >= 12020 and props.maxSize else 0)
+        handle = next(self._handles)
+        # Drivers before 12.2 ignore maxSize: the pool grows until the device is full.
+        self.pools[handle] = _Pool(props.maxSize if self.version >= 12020 and props.maxSize else 0)
         return OK, handle
 
+    @_driver_call()
     def cuMemPoolSetAttribute(self, pool, attribute, value):  # noqa: N802
-        if error := self._call("cuMemPoolSetAttribute"):
-            return (error,)
-        with self._lock:
-            state = self.pools[int(pool)]
-            name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
-            if name == "RELEASE_THRESHOLD":
-                state.threshold = int(value)
-            elif name in ("RESERVED_MEM_HIGH", "USED_MEM_HIGH"):  # only a reset to 0 is allowed
-                setattr(state, name.lower().replace("_mem", ""), int(value))
-            else:
-                raise SimFault(f"{name} cannot be set")
+        state = self.pools[int(pool)]
+        name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
+        if name == "RELEASE_THRESHOLD":
+            state.threshold = int(value)
+        elif name in ("RESERVED_MEM_HIGH", "USED_MEM_HIGH"):  # only a reset to 0 is allowed
+            setattr(state, name.lower().replace("_mem", ""), int(value))
+        else:
+            raise SimFault(f"{name} cannot be set")
         return (OK,)
 
+    @_driver_call(values=1)
     def cuMemPoolGetAttribute(self, pool, attribute):  # noqa: N802
-        if error := self._call("cuMemPoolGetAttribute"):
-            return error, None
-        with self._lock:
-            state = self.pools[int(pool)]
-            name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
-            value = {
-                "RELEASE_THRESHOLD": state.threshold,
-                "RESERVED_MEM_CURRENT": state.reserved,
-                "RESERVED_MEM_HIGH": state.reserved_high,
-                "USED_MEM_CURRENT": state.used,
-                "USED_MEM_HIGH": state.used_high,
-            }[name]
+        state = self.pools[int(pool)]
+        name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
+        value = {
+            "RELEASE_THRESHOLD": state.threshold,
+            "RESERVED_MEM_CURRENT": state.reserved,
+            "RESERVED_MEM_HIGH": state.reserved_high,
+            "USED_MEM_CURRENT": state.used,
+            "USED_MEM_HIGH": state.used_high,
+        }[name]
         return OK, cuuint64_t(value)
 
+    @_driver_call(values=1)
     def cuMemAllocFromPoolAsync(self, nbytes, pool, stream):  # noqa: N802
-        if error := self._call("cuMemAllocFromPoolAsync"):
-            return error, None
-        with self._lock:
-            state = self.pools[int(pool)]
-            grow = max(0, nbytes - state.cached)
-            device_reserved = sum(p.reserved for p in self.pools.values())
-            if device_reserved + grow > self.device_bytes or (
-                state.max_size and state.reserved + grow > state.max_size
-            ):
-                return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
-            state.cached -= nbytes - grow
-            state.reserved += grow
-            state.used += nbytes
-            state.reserved_high = max(state.reserved_high, state.reserved)
-            state.used_high = max(state.used_high, state.used)
-            ptr = next(self._handles)
-            self.device_memory[ptr] = _DeviceAllocation(int(pool), np.full(nbytes, UNWRITTEN, np.uint8))
+        state = self.pools[int(pool)]
+        grow = max(0, nbytes - state.cached)
+        device_reserved = sum(p.reserved for p in self.pools.values())
+        if device_reserved + grow > self.device_bytes or (
+            state.max_size and state.reserved + grow > state.max_size
+        ):
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
+        state.cached -= nbytes - grow
+        state.reserved += grow
+        state.used += nbytes
+        state.reserved_high = max(state.reserved_high, state.reserved)
+        state.used_high = max(state.used_high, state.used)
+        ptr = next(self._handles)
+        self.device_memory[ptr] = _DeviceAllocation(int(pool), np.full(nbytes, UNWRITTEN, np.uint8))
         return OK, ptr
 
+    @_driver_call()
     def cuMemFreeAsync(self, ptr, stream):  # noqa: N802
-        if error := self._call("cuMemFreeAsync"):
-            return (error,)
-        with self._lock:
-            allocation = self.device_memory.get(int(ptr))
-            if allocation is None or allocation.pool is None:
-                raise SimFault(f"cuMemFreeAsync of {int(ptr):#x}, which no pool handed out")
+        allocation = self.device_memory.get(int(ptr))
+        if allocation is None or allocation.pool is None:
+            raise SimFault(f"cuMemFreeAsync of {int(ptr):#x}, which no pool handed out")
 
-            def free() -> None:
-                if not allocation.live:
-                    raise SimFault(f"device memory {int(ptr):#x} freed twice")
-                allocation.live = False
-                state = self.pools[allocation.pool]
-                state.used -= len(allocation.buffer)
-                state.cached += len(allocation.buffer)
+        def free() -> None:
+            if not allocation.live:
+                raise SimFault(f"device memory {int(ptr):#x} freed twice")
+            allocation.live = False
+            state = self.pools[allocation.pool]
+            state.used -= len(allocation.buffer)
+            state.cached += len(allocation.buffer)
 
-            self._queue(stream, "free", free)
+        self._queue(stream, "free", free)
         return (OK,)
 
     @staticmethod
@@ -472,43 +371,35 @@ class SimDevice:
         state.cached -= give
         state.reserved -= give
 
+    @_driver_call(blocks=True)
     def cuMemPoolTrimTo(self, pool, keep):  # noqa: N802
-        if error := self._call("cuMemPoolTrimTo"):
-            return (error,)
-        with self._lock:
-            self._wait("cuMemPoolTrimTo")
-            self.trims.append((int(pool), int(keep)))
-            self._trim(self.pools[int(pool)], int(keep))
+        self.trims.append((int(pool), int(keep)))
+        self._trim(self.pools[int(pool)], int(keep))
         return (OK,)
 
+    @_driver_call()
     def cuMemPoolDestroy(self, pool):  # noqa: N802
-        if error := self._call("cuMemPoolDestroy"):
-            return (error,)
-        with self._lock:
-            del self.pools[int(pool)]
+        del self.pools[int(pool)]
         return (OK,)
 
     # -- pinned host memory and copies ------------------------------------------------------
 
+    @_driver_call(values=1)
     def cuMemHostAlloc(self, nbytes, flags):  # noqa: N802
-        if error := self._call("cuMemHostAlloc"):
-            return error, None
         buffer = (ctypes.c_ubyte * nbytes)()
         ptr = ctypes.addressof(buffer)
         with self._lock:
             self.host_allocations[ptr] = buffer
         return OK, ptr
 
+    @_driver_call()
     def cuMemFreeHost(self, ptr):  # noqa: N802
-        if error := self._call("cuMemFreeHost"):
-            return (error,)
-        with self._lock:
-            busy = [w for q in self.streams.values() for w in q if w.reads_host == int(ptr)]
-            if busy:
-                raise SimFault(f"pinned memory {int(ptr):#x} freed while a queued copy uses it")
-            buffer = self.host_allocations.pop(int(ptr))
-            ctypes.memset(int(ptr), POISON, len(buffer))
-            self.freed_host.append(buffer)
+        busy = [w for q in self.streams.values() for w in q if w.reads_host == int(ptr)]
+        if busy:
+            raise SimFault(f"pinned memory {int(ptr):#x} freed while a queued copy uses it")
+        buffer = self.host_allocations.pop(int(ptr))
+        ctypes.memset(int(ptr), POISON, len(buffer))
+        self.freed_host.append(buffer)
         return (OK,)
 
     def _pinned_base(self, ptr: int) -> int | None:
@@ -557,58 +448,3 @@ class SimDevice:
             if pinned is None:
                 self._run(int(stream or 0), work)
         return (OK,)
-
-
-class SimulatedLink:
-    """The instance's device seam over a SimDevice: device tensors are CPU tensors over the
-    simulated device's memory; copies and the forward pass are queued on one stream."""
-
-    def __init__(self, device: SimDevice) -> None:
-        self.sim = device
-        self.stream = device.new_stream()
-        self._addresses: dict[int, int] = {}  # a device tensor's host alias -> its device address
-
-    def _tensor(self, ptr: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        raw = torch.from_numpy(self.sim.device_array(ptr, nbytes))
-        tensor = raw.view(dtype).view(shape)
-        self._addresses[tensor.data_ptr()] = ptr
-        return tensor
-
-    def place(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module
-
-    def to_device(self, host: torch.Tensor, block: Any | None) -> torch.Tensor:
-        host = host.contiguous()
-        nbytes = host.numel() * host.element_size()
-        ptr = block.ptr if block is not None else self.sim.device_scratch(nbytes)
-        tensor = self._tensor(ptr, host.dtype, tuple(host.shape))
-        self.sim.cuMemcpyHtoDAsync(ptr, host.data_ptr(), nbytes, self.stream)
-        return tensor
-
-    def run(self, compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The forward pass as a device runs it: queued behind the copies, its outputs in device
-        memory that holds them once the stream gets there. (The shapes come from running it now on
-        whatever the inputs hold; only the queued run's values count.)"""
-        shapes = {name: (t.dtype, tuple(t.shape)) for name, t in compute().items()}
-        outputs = {
-            name: self._tensor(self.sim.device_scratch(int(np.prod(shape)) * dtype.itemsize), dtype, shape)
-            for name, (dtype, shape) in shapes.items()
-        }
-
-        def kernel() -> None:
-            for name, value in compute().items():
-                outputs[name].copy_(value)
-
-        self.sim.launch(self.stream, kernel)
-        return outputs
-
-    def to_host(self, device: torch.Tensor, host: np.ndarray) -> None:
-        ptr = self._addresses[device.data_ptr()]
-        self.sim.cuMemcpyDtoHAsync(host.ctypes.data, ptr, host.nbytes, self.stream)
-
-    def synchronize(self) -> None:
-        self.sim.cuStreamSynchronize(self.stream)
-
-    def describe(self) -> str:
-        return "simulated device"

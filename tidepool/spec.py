@@ -128,6 +128,13 @@ def positive_ints(text: str, where: str, example: str = "1,8,32") -> list[int]:
     return values
 
 
+def mib(nbytes: int | None, digits: int = 1, unit: bool = True) -> str:
+    """Bytes as MiB for a message: '12.5 MiB' ('none' for None; the number alone without `unit`)."""
+    if nbytes is None:
+        return "none"
+    return f"{nbytes / 2**20:.{digits}f}" + (" MiB" if unit else "")
+
+
 def parse_bytes(text: str, where: str) -> int:
     """'512MiB', '2GiB', '1.5GB' or a plain number of bytes."""
     cleaned = text.strip().upper().replace(" ", "")

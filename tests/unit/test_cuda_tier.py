@@ -15,7 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from tests.sim_cuda import SimDevice, SimFault
+from tests.sim_cuda import SimDevice
+from tests.sim_cuda_types import SimFault
 from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
 from tidepool.pool import CudaUnavailable, MemoryPool, OutOfMemory, PoolError
 from tidepool.pool.resources import driver as cuda_driver

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.sim_cuda import SimulatedLink
+from tests.sim_link import SimulatedLink
 from tests.unit.specs import TOKENS_CONFIG, tiny_model_dir
 from tidepool.inputs import random_inputs
 from tidepool.pool import housekeeping

@@ -32,7 +32,7 @@ def test_inputs_and_outputs_live_in_pool_blocks_that_all_come_back(tmp_path):
     warm = instance.pool.stats()
     with instance.execute([tokens(1, 2.0), tokens(3, 0.5)]) as execution:
         np.testing.assert_allclose(execution.results[1]["OUT"], tokens(3)["IDS"] * 0.5)
-        arena = instance.pool._arenas[0].host_view
+        arena = instance.pool._store.arenas[0].host_view
         assert np.shares_memory(execution.results[0]["OUT"], arena)  # a view of pool memory
         assert instance.pool.stats().allocated_bytes > 0  # held while the results are in use
     assert execution.batches == [4]

@@ -88,7 +88,7 @@ def test_outputs_stay_intact_until_the_next_execute(pb_utils, model):
     """The stub copies output tensors after execute returns: nothing may reuse their blocks before."""
     first = model.execute([request(pb_utils, np.full((2, 6), 7), 1.0)])
     held = output_of(first[0], "OUT")
-    assert np.shares_memory(held, model.instance.pool._arenas[0].host_view)  # a view of a pool block
+    assert np.shares_memory(held, model.instance.pool._store.arenas[0].host_view)  # a view of a pool block
     assert model.instance.pool.stats().allocated_bytes > 0  # still reserved between executes
     np.testing.assert_array_equal(held, np.full((2, 6), 7.0))
 

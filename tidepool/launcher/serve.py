@@ -15,6 +15,7 @@ from tidepool.machine import describe_cpu, planned_on
 
 POLL_S = 0.2  # how soon a stop request is noticed
 STUB_CHECK_S = 1.0  # how often the stubs are counted
+RESTART_GRACE_S = 10.0  # a server whose stub died drains for this long before its restart
 
 
 class StopFlag:
@@ -106,7 +107,7 @@ def _supervise(server: TritonServer, stop: StopFlag, say: Callable[[str], None])
         if dead:
             # The only way back for those instances on this Triton: a fresh server, same ports.
             say(f"tidepool: the Python stub of {', '.join(dead)} died; restarting tritonserver")
-            server.stop(grace_s=10)
+            server.stop(grace_s=RESTART_GRACE_S)
             try:
                 server.start(cancelled=stop.is_set)
             except Cancelled:

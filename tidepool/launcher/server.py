@@ -38,6 +38,11 @@ from tidepool.processes import SHM_DIRECTORY
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s) and systemd's TimeoutStopSec (90 s).
 DEFAULT_GRACE_S = 25.0
 DRAIN_MARGIN_S = 5.0  # Triton drains for grace - margin; the rest covers its own shutdown
+# The kill comes this long before the grace period ends, so that killing the process group and
+# reading the server's last output still fit inside it (a supervisor kills at grace's end).
+KILL_MARGIN_S = 2.0
+READER_JOIN_S = 1.0  # the server's output reader, once the server is gone
+FAILURE_OUTPUT_S = 5.0  # what a server that failed to start printed last, for its error message
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls into it
 
@@ -82,7 +87,7 @@ class ServerConfig:
     # decides which idle instance takes a batch, which keeps a lone client of an elastic plan on one
     # warm instance (docs/planning.md); configs without priorities serve as with "off" (Triton's
     # own default): encoder on 2 cores, 1x2 and an elastic pair within the run-to-run noise of
-    # each other with and without it, at concurrency 1-16 (measured 2026-12-04, commit 7bfea82).
+    # each other with and without it, at concurrency 1-16 (docs/benchmarks.md).
     rate_limit: str = "execution_count"
     # A backend directory laid out by `tidepool install-backend`; None: the launcher lays out its own.
     backend_directory: Path | None = None
@@ -276,7 +281,7 @@ class TritonServer:
                 raise Cancelled("a stop was asked for while tritonserver was starting")
             if self.process.poll() is not None:
                 if self._reader:
-                    self._reader.join(timeout=5)
+                    self._reader.join(timeout=FAILURE_OUTPUT_S)
                 raise ServerError(
                     self._failure_report(
                         f"tritonserver exited with code {self.process.returncode} while starting"
@@ -313,13 +318,14 @@ class TritonServer:
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(timeout=max(1.0, (self.config.grace_s if grace_s is None else grace_s) - 2.0))
+                grace_s = self.config.grace_s if grace_s is None else grace_s
+                process.wait(timeout=max(1.0, grace_s - KILL_MARGIN_S))
             except subprocess.TimeoutExpired:
                 pass
         if process is not None:
             self._kill_group(process)
         if self._reader:
-            self._reader.join(timeout=5)
+            self._reader.join(timeout=READER_JOIN_S)
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
@@ -332,7 +338,7 @@ class TritonServer:
         if process is not None:
             self._kill_group(process)
         if self._reader:
-            self._reader.join(timeout=5)
+            self._reader.join(timeout=READER_JOIN_S)
         prefixes = [self.shm_prefix] + ([f"tidepool_{process.pid}_"] if process is not None else [])
         for path in SHM_DIRECTORY.glob("tidepool_*") if SHM_DIRECTORY.is_dir() else ():
             if path.name.startswith(tuple(prefixes)):

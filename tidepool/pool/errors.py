@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tidepool.errors import TidepoolError
+from tidepool.spec import mib
 
 
 class PoolError(TidepoolError, RuntimeError):
@@ -11,10 +12,6 @@ class PoolError(TidepoolError, RuntimeError):
 
 class CudaUnavailable(PoolError):
     """CUDA memory was asked for where there is no usable driver or device; says which."""
-
-
-def _mib(nbytes: int | None) -> str:
-    return "none" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
 
 
 class OutOfMemory(PoolError, MemoryError):
@@ -38,8 +35,8 @@ class OutOfMemory(PoolError, MemoryError):
         self.cause = cause
         self.node_budget = node_budget  # refused by the node's shared budget, not the pool's limit
         super().__init__(
-            f"out of memory: {cause}: requested {requested} bytes ({_mib(requested)}), "
-            f"allocated {_mib(allocated)}, reserved {_mib(reserved)}, limit {_mib(limit)}, "
-            f"largest free block {_mib(largest_free_block)} (after recycling cached blocks and "
+            f"out of memory: {cause}: requested {requested} bytes ({mib(requested, 2)}), "
+            f"allocated {mib(allocated, 2)}, reserved {mib(reserved, 2)}, limit {mib(limit, 2)}, "
+            f"largest free block {mib(largest_free_block, 2)} (after recycling cached blocks and "
             "trimming empty arenas)"
         )

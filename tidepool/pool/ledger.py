@@ -22,6 +22,7 @@ import numpy as np
 from tidepool.pool.budget import TierBudget, budget_for
 from tidepool.pool.errors import PoolError
 from tidepool.processes import SHM_DIRECTORY, SlotTable, alive, fit_utf8, shared_directory
+from tidepool.spec import mib
 
 MAGIC = 0x7469646570_6F6F6C  # "tidepool"
 VERSION = 1
@@ -69,10 +70,6 @@ def remove_dead_ledgers(directory: Path | None = None) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -201,8 +198,8 @@ class NodeLedger:
         return (
             "; ".join(
                 f"{e['instance'].decode(errors='replace')} (pid {int(e['pid'])}) "
-                f"reserved {_mib(int(e['reserved']))}, "
-                f"floor {_mib(int(e['floor']))}"
+                f"reserved {mib(int(e['reserved']))}, "
+                f"floor {mib(int(e['floor']))}"
                 for e in live
             )
             or "no pool"
@@ -217,9 +214,9 @@ class NodeLedger:
             floors = int(self._entries["floor"].sum())
             if floors + floor > self.budget:
                 raise BudgetError(
-                    f"the node's {self.tier} memory budget ({_mib(self.budget)}) is smaller than the "
-                    f"pools' floors: {instance} needs {_mib(floor)} (POOL_INITIAL_BYTES) beside "
-                    f"{_mib(floors)} of others ({self.holders()}); raise the budget "
+                    f"the node's {self.tier} memory budget ({mib(self.budget)}) is smaller than the "
+                    f"pools' floors: {instance} needs {mib(floor)} (POOL_INITIAL_BYTES) beside "
+                    f"{mib(floors)} of others ({self.holders()}); raise the budget "
                     "(TIDEPOOL_MEMORY_BUDGET or `tidepool serve --memory-budget`) or plan the models "
                     "together (`tidepool plan MODEL_REPOSITORY --memory-budget`)"
                 )
@@ -248,8 +245,8 @@ class NodeLedger:
         lendable = {int(s): max(0, int(held[s])) for s in others}
         if sum(lendable.values()) < shortfall:
             return False, (
-                f"the node's {self.tier} memory budget is {_mib(self.budget)}: this pool needs "
-                f"{_mib(nbytes)} more with {_mib(total)} reserved and {_mib(sum(lendable.values()))} "
+                f"the node's {self.tier} memory budget is {mib(self.budget)}: this pool needs "
+                f"{mib(nbytes)} more with {mib(total)} reserved and {mib(sum(lendable.values()))} "
                 f"lendable by others ({self.holders()})"
             )
         for other in sorted(lendable, key=lendable.__getitem__, reverse=True):
@@ -272,7 +269,7 @@ class NodeLedger:
                 asked = True
                 if why is None and time.monotonic() >= deadline:
                     why = (
-                        f"the node's {self.tier} memory budget is {_mib(self.budget)} and the other "
+                        f"the node's {self.tier} memory budget is {mib(self.budget)} and the other "
                         f"pools did not trim in {wait_s:.1f} s ({self.holders()})"
                     )
                 if why is not None:

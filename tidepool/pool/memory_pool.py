@@ -6,7 +6,6 @@ neither reused nor given back until the view goes, nor memory a queued copy stil
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,21 +24,19 @@ from tidepool.pool.arena import (
 from tidepool.pool.block import Block
 from tidepool.pool.errors import OutOfMemory, PoolError
 from tidepool.pool.ledger import BudgetDenied, LedgerEntry
+from tidepool.pool.maintenance import Maintenance
 from tidepool.pool.resources import make_resource
 from tidepool.pool.resources.base import MemoryResource
 from tidepool.pool.resources.budgeted import BudgetedResource
 from tidepool.pool.scope import ExecutionScope, ThreadState
-from tidepool.pool.slab import Slab
 from tidepool.pool.stats import PoolStats
-from tidepool.pool.stream_order import Fences, PendingBlocks
+from tidepool.pool.store import BlockStore, stream_key
+from tidepool.pool.views import Views
 
 DEFAULT_FRAGMENTATION_THRESHOLD = 0.10
-WORKING_SET_HEADROOM = 1.25
-
-FreeKey = Any  # a capacity, or (stream, capacity) where blocks are reused per stream
 
 
-class MemoryPool:
+class MemoryPool(Maintenance):
     """Hands out Blocks; in steady state every block comes from memory it already holds.
 
     kind: "auto" (CUDA when a driver and device are present, else host), "host", "pinned",
@@ -79,26 +76,15 @@ class MemoryPool:
         self.limit_bytes = limit_bytes
         self.arena_bytes = next_power_of_two(max(arena_bytes, SLAB_SIZE))
         self.fragmentation_threshold = fragmentation_threshold
-        # Device blocks are reused per stream: a block freed on one stream is safe to hand out again
-        # on that stream at once, on another only after an event (stream_order.Fences). Pinned
-        # blocks freed on a stream wait for their copy to run (stream_order.PendingBlocks).
-        self._per_stream = self.kind == "cuda"
-        self._staged = self.kind == "pinned"
-        self._pending = PendingBlocks()
-        self._fences = Fences()
+        self._store = BlockStore(resource)
+        self._free = self._store.free  # the hot path's dict, reached without an attribute hop
         self.defer_housekeeping = defer_housekeeping
         self._housekeeping_due = False
 
         self._lock = threading.Lock()
         self._local = ThreadState()
-        self._arenas: list[Arena] = []
-        self._free: dict[FreeKey, list[Location]] = {}  # size class (per stream) -> free locations
-        self._slabs: dict[int, list[Slab]] = {}  # block size -> slabs cut to that size
         self._closed = False
-        # Exports that ended, waiting for the lock: an export can end in any thread, inside garbage
-        # collection that runs while this thread holds the lock, so it is only queued there, and
-        # whoever holds or next takes the lock gives back what waited on it (_drain_soon).
-        self._ended: collections.deque[Block] = collections.deque()
+        self._views = Views(self._lock, self._settle_export)
         self._orphans: list[Arena] = []  # arenas of a closed pool that views still use
         self._active_scopes = 0
         self._working_set = 0  # the largest execution peak seen
@@ -118,7 +104,7 @@ class MemoryPool:
         if type(nbytes) is not int or nbytes < 0:
             raise PoolError(f"allocate: nbytes must be a non-negative int, got {nbytes!r}")
         capacity = ALIGNMENT if nbytes <= ALIGNMENT else next_power_of_two(nbytes)  # size_class
-        key = (self._stream_key(stream), capacity) if self._per_stream else capacity
+        key = self._store.key(capacity, stream)
         with self._lock:
             if self._closed:
                 raise PoolError("allocate: the pool is closed")
@@ -137,8 +123,8 @@ class MemoryPool:
             scope = self._local.scope
             if scope is not None:
                 scope.add(block)
-        if self._ended:
-            self._drain_soon()
+        if self._views.waiting:
+            self._views.drain_soon()
         return block
 
     def release(self, block: Block) -> None:
@@ -157,76 +143,37 @@ class MemoryPool:
                 block.release_pending = True
             else:
                 self._put_back(block)
-        if self._ended:
-            self._drain_soon()
+        if self._views.waiting:
+            self._views.drain_soon()
 
     def _put_back(self, block: Block) -> None:
         self._allocated -= block.capacity
         self._num_frees += 1
-        if self._per_stream:
-            key: FreeKey = (self._stream_key(block.stream), block.capacity)
-        else:
-            key = block.capacity
-            stream = self._stream_key(block.stream) if self._staged else 0
-            event = self.resource.record_event(stream) if stream else None
-            if event is not None:
-                self._pending.add(key, event, block.location)
-                return
-        cached = self._free.get(key)
-        if cached is None:
-            self._free[key] = [block.location]
-        else:
-            cached.append(block.location)
+        self._store.put_back(block.location, block.capacity, block.stream)
 
-    # -- exports (views) --------------------------------------------------------------------
+    # -- exports (views): see views.py -----------------------------------------------------
 
     def export_started(self, block: Block) -> None:
         with self._lock:
-            block.exports += 1
-            if block.exports == 1:
-                block.location.arena.exports += 1
+            self._views.started(block)
 
     def export_ended(self, block: Block) -> None:
-        self._ended.append(block)  # atomic: never blocks, whatever this thread holds
-        self._drain_soon()
+        self._views.ended(block)
 
-    def _drain_soon(self) -> None:
-        """Settle ended exports if the lock is free now; if it is not, its holder does on release."""
-        while self._ended and self._lock.acquire(blocking=False):
-            try:
-                self._drain_locked()
-            finally:
-                self._lock.release()
-
-    def _drain_locked(self) -> None:
-        while self._ended:
-            block = self._ended.popleft()
-            block.exports -= 1
-            if block.exports:
-                continue
-            arena = block.location.arena
-            arena.exports -= 1
-            if block.release_pending:
-                block.release_pending = False
-                if not self._closed:
-                    self._put_back(block)
-            if self._closed and not arena.exports and arena in self._orphans:
-                self._orphans.remove(arena)
-                self.resource.deallocate(arena.allocation)
-                self._upstream_frees += 1
-                if not self._orphans:
-                    self.resource.close()
-
-    def _capacity_of(self, key: FreeKey) -> int:
-        """The block size a free-list key stands for (keys carry the stream for device memory)."""
-        capacity: int = key[1] if self._per_stream else key
-        return capacity
-
-    @staticmethod
-    def _stream_key(stream: Any) -> int:
-        if stream is None:
-            return 0
-        return int(getattr(stream, "cuda_stream", stream))  # torch.cuda.Stream or a raw handle
+    def _settle_export(self, block: Block) -> None:
+        """With the lock: the last view of `block` went; what its free or the pool's close left
+        waiting on it happens now."""
+        arena = block.location.arena
+        if block.release_pending:
+            block.release_pending = False
+            if not self._closed:
+                self._put_back(block)
+        if self._closed and not arena.exports and arena in self._orphans:
+            self._orphans.remove(arena)
+            self.resource.deallocate(arena.allocation)
+            self._upstream_frees += 1
+            if not self._orphans:
+                self.resource.close()
 
     @contextmanager
     def _unlocked(self) -> Iterator[None]:
@@ -241,31 +188,30 @@ class MemoryPool:
     # -- the slow path (lock held) ----------------------------------------------------------
 
     def _allocate_uncached(self, capacity: int, nbytes: int, stream: Any) -> Location:
-        if self._pending:
+        store = self._store
+        if store.pending:
             loc = self._take_pending(capacity)
             if loc is not None:
                 self._free_list_hits += 1
                 return loc
-        loc = self._take_held(capacity)
+        loc = store.take_held(capacity)
         if loc is None:
-            self._recycle()  # cached blocks of other sizes, merged back, may serve it
-            loc = self._take_held(capacity)
+            store.recycle()  # cached blocks of other sizes, merged back, may serve it
+            loc = store.take_held(capacity)
         if loc is not None:
             self._held_hits += 1  # memory already reserved: a cache hit, though not an exact one
         else:
             loc = self._grow_and_take(capacity, nbytes, stream)
-        if self._fences:
-            self._fences.order(self._stream_key(stream))  # arena memory other streams gave back
+        store.order_after_fences(stream)
         return loc
 
     def _take_pending(self, capacity: int) -> Location | None:
         """A pinned block of this size whose copy has run, waiting (without the lock) for the
         oldest one's copy where none has: a steady pool reuses its blocks rather than growing."""
-        self._pending.settle(self._free)
-        cached = self._free.get(capacity)
-        if cached:
-            return cached.pop()
-        oldest = self._pending.take_oldest(capacity)
+        loc = self._store.settled_pending(capacity)
+        if loc is not None:
+            return loc
+        oldest = self._store.oldest_pending(capacity)
         if oldest is None:
             return None
         event, loc = oldest
@@ -275,30 +221,6 @@ class MemoryPool:
         self._staging_waits += 1
         return loc
 
-    def _take_held(self, capacity: int) -> Location | None:
-        """A free location from the slabs or arenas already held, or None."""
-        if capacity <= SLAB_MAX_BLOCK:
-            return self._take_from_slab(capacity)
-        for arena in self._arenas:
-            offset = None if arena.small else arena.buddy.allocate(capacity)
-            if offset is not None:
-                return Location.at(arena, offset)
-        return None
-
-    def _take_from_slab(self, capacity: int) -> Location | None:
-        slabs = self._slabs.setdefault(capacity, [])
-        slab = next((s for s in slabs if s.free_slots), None)
-        if slab is None:
-            for arena in self._arenas:
-                offset = arena.buddy.allocate(SLAB_SIZE) if arena.small else None
-                if offset is not None:
-                    slab = Slab(arena, offset, SLAB_SIZE, capacity)
-                    slabs.append(slab)
-                    break
-            else:
-                return None
-        return Location.at(slab.arena, slab.free_slots.pop(), slab)
-
     def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> Location:
         """Reserve a new arena (trimming empty ones first if that is what it takes)."""
         small = capacity <= SLAB_MAX_BLOCK
@@ -306,12 +228,12 @@ class MemoryPool:
         cause, refused_by_budget = "", False
         for trim_first in (False, True):
             if trim_first:
-                self._recycle()
+                self._store.recycle()
                 empty = self._take_empty_arenas(keep_bytes=0)
                 if empty:
                     with self._unlocked():
                         self._give_back(empty)
-                taken = self._take_held(capacity)  # others may have freed meanwhile
+                taken = self._store.take_held(capacity)  # others may have freed meanwhile
                 if taken is not None:
                     return taken
             size = max(SMALL_ARENA_BYTES if small else self.arena_bytes, need)
@@ -331,7 +253,7 @@ class MemoryPool:
             except MemoryError as exc:
                 cause, refused_by_budget = f"upstream {self.kind} memory refused {size} bytes ({exc})", False
                 continue
-            taken = self._take_held(capacity)
+            taken = self._store.take_held(capacity)
             assert taken is not None, "a fresh arena large enough always serves the request"
             return taken
         raise self._out_of_memory(nbytes, cause, refused_by_budget)
@@ -350,7 +272,7 @@ class MemoryPool:
             allocated=self._allocated,
             reserved=self._reserved,
             limit=self.limit_bytes,
-            largest_free_block=self._largest_free_block(),
+            largest_free_block=self._store.largest_free_block(),
             cause=cause,
             node_budget=node_budget,
         )
@@ -361,7 +283,7 @@ class MemoryPool:
         another thread's growth sees them against the limit."""
         self._reserved += size
         try:
-            on_stream = self._stream_key(stream) if self._per_stream else None
+            on_stream = stream_key(stream) if self._store.per_stream else None
             with self._unlocked():
                 allocation = self.resource.allocate(size, on_stream)
         except BaseException:
@@ -371,67 +293,11 @@ class MemoryPool:
             self._reserved -= size
             self.resource.deallocate(allocation)
             raise PoolError("allocate: the pool was closed meanwhile")
-        self._arenas.append(Arena(allocation, small))
-        self._arenas.sort(key=lambda arena: arena.size)  # fill small arenas first
+        self._store.add_arena(Arena(allocation, small))
         self._upstream_allocs += 1
         self._peak_reserved = max(self._peak_reserved, self._reserved)
 
-    def _recycle(self, small_too: bool = True) -> None:
-        """Give cached free blocks back to their buddy allocators, merging buddies. With
-        `small_too` (trim, OOM) small blocks go back to their slabs and empty slabs to their
-        small arenas; otherwise small blocks stay cached, since returning them merges nothing."""
-        if self._pending:
-            self._pending.settle(self._free)
-        for key in list(self._free):
-            if self._capacity_of(key) <= SLAB_MAX_BLOCK and not small_too:
-                continue
-            locs = self._free.pop(key)
-            if self._per_stream and locs:
-                # Once merged, any stream may take this memory: after the work queued so far on
-                # the stream that freed it (the taker's stream waits for this event on the device).
-                event = self.resource.record_event(key[0])
-                if event is not None:
-                    self._fences.add(key[0], event)
-            for arena, offset, slab, _ in locs:
-                if slab is None:
-                    arena.buddy.release(offset)
-                else:
-                    slab.free_slots.append(offset)
-        if small_too:
-            for slabs in self._slabs.values():
-                for slab in [s for s in slabs if s.empty]:
-                    slab.arena.buddy.release(slab.offset)
-                    slabs.remove(slab)
-
-    def _take_empty_arenas(self, keep_bytes: int) -> list[Arena]:
-        """Take empty arenas off the pool (largest first) while more than `keep_bytes` stays
-        reserved; `_give_back` then returns them upstream, without the lock."""
-        taken = []
-        for arena in sorted(self._arenas, key=lambda a: a.size, reverse=True):
-            if arena.buddy.empty and self._reserved - arena.size >= keep_bytes:
-                self._arenas.remove(arena)
-                self._reserved -= arena.size
-                self._upstream_frees += 1
-                taken.append(arena)
-        if taken and self._fences:
-            self._fences.order(0)  # upstream frees go on the default stream, after the users' work
-        return taken
-
-    def _give_back(self, arenas: list[Arena]) -> int:
-        """Return arenas upstream (a budgeted CUDA pool waits there for the driver to have them)."""
-        for arena in arenas:
-            self.resource.deallocate(arena.allocation)
-        return sum(arena.size for arena in arenas)
-
-    def _largest_free_block(self) -> int:
-        largest = max((arena.buddy.largest_free() for arena in self._arenas), default=0)
-        cached = max((self._capacity_of(key) for key, locs in self._free.items() if locs), default=0)
-        in_slabs = max(
-            (size for size, slabs in self._slabs.items() if any(s.free_slots for s in slabs)), default=0
-        )
-        return max(largest, cached, in_slabs)
-
-    # -- scopes, maintenance, stats ---------------------------------------------------------
+    # -- scopes and stats ---------------------------------------------------------
 
     def begin_execution(self) -> ExecutionScope:
         """Start collecting this thread's allocations into a new scope; `scope.release()` gives
@@ -469,39 +335,6 @@ class MemoryPool:
         if empty:
             self._give_back(empty)
 
-    def _maintenance_wanted(self) -> bool:
-        """With the lock: whether fragmentation passed the threshold with cached large blocks to
-        merge (only those can change it)."""
-        if not any(locs for key, locs in self._free.items() if self._capacity_of(key) > SLAB_MAX_BLOCK):
-            return False
-        free = self._reserved - self._allocated
-        return free > 0 and 1 - self._largest_free_block() / free > self.fragmentation_threshold
-
-    def _maintain(self) -> list[Arena]:
-        """With the lock: recycle cached large blocks and take the empty arenas beyond the working
-        set (the caller gives them back)."""
-        if not self._maintenance_wanted():
-            return []
-        self._recycle(small_too=False)
-        keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
-        return self._take_empty_arenas(keep)
-
-    @property
-    def housekeeping_due(self) -> bool:
-        """Whether `housekeep()` has work: an execution ended since, or another pool wants memory
-        (a read without the lock, cheap enough after every execution)."""
-        return self._housekeeping_due or (self.budget is not None and self.budget.trim_wanted() > 0)
-
-    def housekeep(self) -> int:
-        """What a deferred pool does between executions: the end-of-execution maintenance, and an
-        answer to another pool's trim request; returns the bytes given back."""
-        empty: list[Arena] = []
-        with self._lock:
-            if self._housekeeping_due and not self._closed:
-                self._housekeeping_due = False
-                empty = self._maintain()
-        return self._give_back(empty) + self.answer_trim()
-
     def stats(self, walk_arenas: bool = True) -> PoolStats:
         """The pool's figures. Without `walk_arenas` the largest free block (and so fragmentation)
         is left out: the rest are counters, cheap enough to read after every execution."""
@@ -518,45 +351,15 @@ class MemoryPool:
                 free_list_hits=self._free_list_hits,
                 upstream_allocs=self._upstream_allocs,
                 upstream_frees=self._upstream_frees,
-                largest_free_block=self._largest_free_block() if walk_arenas else None,
+                largest_free_block=self._store.largest_free_block() if walk_arenas else None,
                 num_ooms=self._num_ooms,
-                num_arenas=len(self._arenas),
+                num_arenas=len(self._store.arenas),
                 live_blocks=self._num_allocs - self._num_frees,
                 floor_bytes=self.budget.floor if self.budget is not None else 0,
                 budget_trims=self._budget_trims,
                 budget_denials=self._budget_denials,
                 staging_waits=self._staging_waits,
             )
-
-    def reset_peak(self) -> None:
-        with self._lock:
-            self._peak_allocated = self._allocated
-            self._peak_reserved = self._reserved
-            self._working_set = 0
-
-    def trim(self, keep_bytes: int = 0) -> int:
-        """Recycle cached blocks and give empty arenas back upstream while more than
-        `keep_bytes` stays reserved; returns the bytes given back."""
-        with self._lock:
-            self._recycle()
-            empty = self._take_empty_arenas(keep_bytes)
-        released = self._give_back(empty)
-        self.resource.trim(keep_bytes)
-        return released
-
-    def answer_trim(self) -> int:
-        """Where another pool of the node asked for memory: give back what this pool holds above
-        its floor (cached blocks and empty arenas); returns the bytes given back. Cheap when
-        nobody asked: one read of this pool's ledger row."""
-        if self.budget is None or not self.budget.trim_wanted() or self._closed:
-            return 0
-        with self._lock:
-            # Counted before the memory goes back: the pool that waits for it may read the
-            # figures as soon as it is released.
-            self._budget_trims += 1
-        released = self.trim(keep_bytes=self.budget.floor)
-        self.budget.answered()
-        return released
 
     @property
     def allocated_bytes(self) -> int:
@@ -580,28 +383,25 @@ class MemoryPool:
             if self._closed:
                 return
             self._closed = True
-            waiting = list(self._pending.take_all())
-            if self._fences:
-                self._fences.order(0)
+            waiting = list(self._store.pending.take_all())
+            self._store.order_after_fences(0)
         for event, _ in waiting:
             event.wait()
             event.close()
         with self._lock:
-            for arena in self._arenas:
+            for arena in self._store.arenas:
                 if arena.exports:
                     self._orphans.append(arena)
                 else:
                     self.resource.deallocate(arena.allocation)
                     self._upstream_frees += 1
-            self._arenas.clear()
-            self._free.clear()
-            self._slabs.clear()
+            self._store.clear()
             self._reserved = self._allocated = 0
             close_now = not self._orphans
         if close_now:
             self.resource.close()
-        if self._ended:
-            self._drain_soon()
+        if self._views.waiting:
+            self._views.drain_soon()
 
     def __enter__(self) -> MemoryPool:
         return self

@@ -8,12 +8,9 @@ from pathlib import Path
 from tidepool.pool.errors import PoolError
 from tidepool.pool.ledger import NodeLedger
 from tidepool.processes import alive
+from tidepool.spec import mib
 
 COLUMNS = ("model", "instance", "pid", "floor MiB", "reserved MiB", "in use MiB")
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f}"
 
 
 def describe_ledgers(paths: Sequence[Path]) -> Iterator[str]:
@@ -31,11 +28,16 @@ def describe_ledgers(paths: Sequence[Path]) -> Iterator[str]:
             state = "running" if alive(ledger.server_pid) else "gone"
             yield (
                 f"server pid {ledger.server_pid} ({state}), tier {ledger.tier}: budget "
-                f"{_mib(ledger.budget)} MiB, reserved {_mib(ledger.reserved_total())} MiB, "
+                f"{mib(ledger.budget)}, reserved {mib(ledger.reserved_total())}, "
                 f"{ledger.trims} trim request(s), {ledger.denials} denial(s)"
             )
             rows = [
-                (v.model, v.instance, str(v.pid), _mib(v.floor), _mib(v.reserved), _mib(v.in_use))
+                (
+                    v.model,
+                    v.instance,
+                    str(v.pid),
+                    *(mib(size, unit=False) for size in (v.floor, v.reserved, v.in_use)),
+                )
                 for v in sorted(views, key=lambda v: (v.model, v.instance))
             ]
             widths = [max(len(text) for text in column) for column in zip(COLUMNS, *rows, strict=False)]

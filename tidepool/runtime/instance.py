@@ -18,14 +18,14 @@ from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import usable_cores
 from tidepool.pool import Block, ExecutionScope, MemoryPool, OutOfMemory, housekeeping, torch_dtype
-from tidepool.pool.budget import tier_of
 from tidepool.pool.host_heap import minor_page_faults, release_free_pages
 from tidepool.pool.ledger import NodeLedger
 from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
 from tidepool.runtime.cores import CoreShare
 from tidepool.runtime.device import DeviceLink, DeviceOutputs, TorchLink
 from tidepool.runtime.graph import freeze
-from tidepool.runtime.loader import ModelLoadError, load_model
+from tidepool.runtime.loader import ModelLoadError, apply_precision, load_model
+from tidepool.runtime.pools import NODE_BUDGET_REFUSED, create_pools, refusal
 from tidepool.runtime.process import (
     ProcessRequest,
     ProcessState,
@@ -46,27 +46,8 @@ WARMUP_MAX_ROUNDS = 10  # per warm-up batch size, while executions still touch f
 STEADY_PAGE_FAULTS = 64  # an execution below this many minor faults allocated nothing fresh
 
 
-# How a request the node's memory budget cannot hold now is answered (UNAVAILABLE), and how warm-up
-# tells it from a device out of memory.
-NODE_BUDGET_REFUSED = "does not fit the node's memory budget now"
-
-
 class ModelOutputError(TidepoolError):
     """The model's outputs do not match what its config declares."""
-
-
-def apply_precision(module: torch.nn.Module, precision: str) -> torch.nn.Module:
-    """The module in the precision it will run in (weights converted once, at load)."""
-    if precision == "bf16":
-        return module.to(torch.bfloat16)
-    if precision == "fp16":
-        return module.to(torch.float16)
-    if precision == "int8":
-        quantized: torch.nn.Module = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
-            module, {torch.nn.Linear}, dtype=torch.qint8
-        )
-        return quantized
-    return module
 
 
 @dataclass
@@ -129,7 +110,8 @@ class ModelInstance:
         # One execution at a time, or the housekeeping's release of the last one (`housekeep`).
         self._lock = threading.Lock()
         if settings.pool_enabled:
-            self._create_pools()
+            self.pool, self.staging, self.budget_notes = create_pools(settings, self.placement)
+            self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
             housekeeping.watch(self.housekeep)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
@@ -141,50 +123,6 @@ class ModelInstance:
         self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
         self.warmup_notes: list[str] = []
         self._held: Execution | None = None  # the last execution, whose blocks its outputs use
-
-    def _create_pools(self) -> None:
-        s = self.settings
-        kind = s.pool_kind
-        if kind == "auto":
-            kind = "cuda" if s.on_gpu else "host"
-        self.pool = self._new_pool(kind, s.pool_initial_bytes)
-        self.staging = self.pool
-        if self.pool.kind == "cuda":
-            self.staging = self._new_pool("pinned", 0)
-        self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
-
-    def _new_pool(self, kind: str, initial_bytes: int) -> MemoryPool:
-        """A pool of this instance; inside a server, one that reserves from the node's ledger for
-        its tier (its floor: what `initial_bytes` reserves) and answers its trim requests."""
-        s = self.settings
-        entry = None
-        if s.node_budget and self.placement.server_pid is not None:
-            ledger = NodeLedger.attach(tier_of(kind, s.device_index), self.placement.server_pid)
-            if ledger.created:
-                self.budget_notes.append(f"node {ledger.tier} budget {ledger.budget / 2**30:.2f} GiB "
-                                         f"({ledger.budget_why})")  # fmt: skip
-            floor = MemoryPool.initial_arena_bytes(initial_bytes)
-            try:
-                entry = ledger.join(self.placement.model_name, self.placement.instance_name, floor)
-            except BaseException:
-                ledger.close()
-                raise
-        try:
-            pool = MemoryPool(
-                kind,
-                device=s.device_index,
-                limit_bytes=s.pool_limit_bytes,
-                initial_bytes=initial_bytes,
-                fragmentation_threshold=s.pool_fragmentation_threshold,
-                budget=entry,
-                defer_housekeeping=True,  # between executions, from `housekeep`
-            )
-        except BaseException:
-            if entry is not None:
-                entry.leave()
-                entry.ledger.close()
-            raise
-        return pool
 
     def _frozen(self, module: torch.nn.Module) -> torch.nn.Module:
         """The module traced at batch 2 (1 where that is all it takes) and frozen, checked at batch 1 and
@@ -386,7 +324,7 @@ class ModelInstance:
             return self._run_batch(requests[:half], batch_sizes[:half], execution) + self._run_batch(
                 requests[half:], batch_sizes[half:], execution
             )
-        return [self._does_not_fit(out_of_memory, batch_sizes[0])]
+        return [refusal(out_of_memory, batch_sizes[0])]
 
     def _forward_split(
         self, requests: Requests, batch_sizes: list[int], execution: Execution
@@ -412,25 +350,6 @@ class ModelInstance:
         stream = self.link.stream if self.link is not None else None
         block = self.staging.allocate(math.prod(shape) * dtype.itemsize, stream=stream)
         return block.as_numpy(dtype, shape)
-
-    def _does_not_fit(self, error: Exception, rows: int) -> RequestError:
-        """A request that alone does not fit: retrying it cannot help where the pool's limit is
-        the cause; the device's own memory may free up."""
-        if isinstance(error, OutOfMemory) and error.node_budget:
-            # UNAVAILABLE: the memory may come back once other models' pools trim (2.51 has no
-            # RESOURCE_EXHAUSTED to say so).
-            return RequestError(
-                f"this request ({rows} row(s)) {NODE_BUDGET_REFUSED}: {error.cause}",
-                code="UNAVAILABLE",
-            )
-        if isinstance(error, OutOfMemory):
-            return RequestError(
-                f"this request ({rows} row(s)) does not fit the model instance's memory pool: it needs "
-                f"{error.requested} bytes more, the pool limit is {error.limit} bytes ({error.reserved} "
-                "reserved); send fewer rows or raise POOL_LIMIT_BYTES",
-                code="RESOURCE_EXHAUSTED",
-            )
-        return RequestError(f"the device ran out of memory for this request: {error}", code="UNAVAILABLE")
 
     def forward(
         self, batch: dict[str, Array], rows: int | None, allocate: Allocate = numpy_allocate

@@ -1,6 +1,7 @@
 """Loads the torch model a config names, from inside the model's own directory only: a
 TorchScript file (`TORCHSCRIPT`) or a Python factory `module:function` (`MODEL_FACTORY`), with
-optional weights (`WEIGHTS`, a state dict read with `weights_only=True`: tensors, never code)."""
+optional weights (`WEIGHTS`, a state dict read with `weights_only=True`: tensors, never code);
+and converts it once to the precision it runs in (`PRECISION`)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,17 @@ def load_model(model_dir: Path | str, model: ModelSpec) -> torch.nn.Module:
         except Exception as exc:
             raise ModelLoadError(f"loading WEIGHTS {path} failed: {exc}") from exc
     return module.eval()
+
+
+def apply_precision(module: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """The module in the precision it will run in (weights converted once, at load)."""
+    if precision == "bf16":
+        return module.to(torch.bfloat16)
+    if precision == "fp16":
+        return module.to(torch.float16)
+    if precision == "int8":
+        quantized: torch.nn.Module = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            module, {torch.nn.Linear}, dtype=torch.qint8
+        )
+        return quantized
+    return module
