@@ -51,7 +51,7 @@ configs: $(STAMP)
 	$(BIN)/tidepool plan model_repository/convnet --memory-budget 1GiB --latency-budget-ms 250 --verify --write
 
 perf-analyzer: $(STAMP)
-	bash benchmarks/get_perf_analyzer.sh
+	bash benchmarks/common/get_perf_analyzer.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

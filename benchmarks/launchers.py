@@ -21,7 +21,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import Results, Target, add_in_turn_arguments, in_turn, median_of, spread, throughputs
+from benchmarks.common.in_turn import (
+    Results,
+    Target,
+    add_in_turn_arguments,
+    in_turn,
+    median_of,
+    spread,
+    throughputs,
+)
 from tidepool.clients.sweep import LevelResult
 from tidepool.configfile import ModelConfig, copy_model, read_config, set_instances
 from tidepool.launcher.install import install_backend

@@ -13,7 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from benchmarks.in_turn import (
+from benchmarks.common.in_turn import (
     Variant,
     add_in_turn_arguments,
     copy_variant,

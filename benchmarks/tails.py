@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.in_turn import (
+from benchmarks.common.in_turn import (
     Results,
     Variant,
     add_in_turn_arguments,
@@ -32,7 +32,7 @@ from benchmarks.in_turn import (
     serve_in_turn,
     spread,
 )
-from benchmarks.plan_vs_grid import PLAIN_DELAY_US, plain_model
+from benchmarks.common.plain_backend import PLAIN_DELAY_US, plain_model
 from tidepool.clients.sweep import LevelResult
 from tidepool.configfile import read_config
 from tidepool.machine import usable_cores

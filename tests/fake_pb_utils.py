@@ -25,6 +25,7 @@ class Tensor:
             raise TritonModelException(f"Tensor {name}: expected a numpy array, got {type(array).__name__}")
         self._name = name
         self._array = array
+        self._source: Any = None  # the torch tensor from_dlpack shares (fake-only)
 
     def name(self) -> str:
         return self._name
@@ -33,6 +34,11 @@ class Tensor:
         if self._device is not None:  # as the real one: GPU memory has no numpy view
             raise TritonModelException("Tensor is stored in GPU memory and cannot be converted to NumPy")
         return self._array
+
+    def read(self) -> np.ndarray:
+        """What the stub copies into the response (fake-only): the tensor's memory as it is now,
+        device memory included, as the real stub reads it once `execute` has returned."""
+        return self._source.cpu().numpy().copy() if self._source is not None else self._array.copy()
 
     def is_cpu(self) -> bool:
         return self._device is None
@@ -51,8 +57,15 @@ class Tensor:
                 "`__dlpack__` and `__dlpack_device__` attributes"
             )
         value = torch.utils.dlpack.from_dlpack(tensor)
-        made = Tensor(name, value.cpu().numpy())
+        if not value.is_contiguous():  # r24.10's pb_tensor refuses these
+            raise TritonModelException(
+                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
+                "C-Order are supported."
+            )
+        # Shared, not copied: the real stub reads the memory after execute returns.
+        made = Tensor(name, value.numpy() if value.device.type == "cpu" else np.empty(0))
         made._device = None if value.device.type == "cpu" else value.device
+        made._source = value
         return made
 
     def to_dlpack(self) -> Any:

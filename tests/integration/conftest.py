@@ -9,13 +9,16 @@ import pytest
 
 from tidepool.clients.connection import Connection
 from tidepool.launcher.server import ServerConfig, TritonServer
+from tidepool.pool.ledger import WAIT_VARIABLE
 from tidepool.runtime.metrics import INTERVAL_VARIABLE
 from tidepool.testing import MODEL_REPOSITORY, TEST_MODELS, linked_repository, model_variant
 
 from .flushed import TEST_INTERVAL_S
 
-# Every server these tests start inherits it: /metrics is current a few intervals after a request.
+# Every server these tests start inherits them: /metrics is current a few intervals after a
+# request, and a pool waits long enough for others to lend even where a busy core starves them.
 os.environ[INTERVAL_VARIABLE] = str(TEST_INTERVAL_S)
+os.environ[WAIT_VARIABLE] = "5"
 
 
 def server_config(repository=MODEL_REPOSITORY) -> ServerConfig:

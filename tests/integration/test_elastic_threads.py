@@ -16,17 +16,20 @@ from tidepool.machine import usable_cores
 from tidepool.runtime.cores import share_path
 from tidepool.testing import TEST_MODELS
 
+LONE_CLIENT_GAP_S = 0.1
+
 
 def passes_by_threads(metrics_url: str) -> dict[str, float]:
-    """Forward passes of both instances: all of them, and those that ran on one thread."""
+    """Forward passes of both instances: all of them, and those that ran on every core."""
     samples = [
         s
         for s in scrape_flushed(metrics_url)
         if s.labels.get("model") == "identity" and s.name == "tidepool_elastic_passes_total"
     ]
+    every_core = str(usable_cores())
     return {
         "count": sum(s.value for s in samples),
-        "one": sum(s.value for s in samples if s.labels["threads"] == "1"),
+        "every_core": sum(s.value for s in samples if s.labels["threads"] == every_core),
     }
 
 
@@ -65,7 +68,7 @@ def test_instances_share_the_cores_and_clean_up(tmp_path):
         log = "\n".join(server.log_tail)
     # Every pass is counted with its threads, and lone requests ran on every core.
     assert lone["count"] >= 1 and after["count"] == lone["count"] + 10
-    with_every_core = (after["count"] - after["one"]) - (lone["count"] - lone["one"])
+    with_every_core = after["every_core"] - lone["every_core"]
     assert with_every_core >= 8, (lone, after)
     assert log.count(f"elastic threads: up to {cores}, {cores} cores shared") == 2, log
     assert "GOMP_SPINCOUNT=" in log and "Traceback" not in log
@@ -97,7 +100,9 @@ def test_priorities_keep_a_lone_client_on_the_first_instance(tmp_path):
         for name in ("preferring", "in_turn"):
             spec = grpc.model_spec(name)
             for value in range(40):
-                time.sleep(0.01)  # a lone client: each request finds both instances idle
+                # A lone client: each request finds both instances idle (Triton frees an instance
+                # once its response is sent, later on a loaded machine).
+                time.sleep(LONE_CLIENT_GAP_S)
                 rows = {"X": np.full((1, 1), value, dtype=np.int32)}
                 assert int(grpc.infer(name, rows, spec)["Y"][0, 0]) == value
         preferring = passes_per_instance(server_config.metrics_url, "preferring")

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.sweep import Sweep, SweepSettings
 
@@ -62,9 +64,17 @@ def test_a_distributed_run_records_requests_from_both_workers(server, tmp_path):
     assert len(list(tmp_path.glob("requests-*.csv"))) == 2
     log = RequestLog.read(tmp_path)
     assert int(log.ok.sum()) == summary.requests
-    whole = log.window(log.finished_s.min(), log.finished_s.max() + 1)
+    began, ended = log.finished_s.min(), log.finished_s.max() + 1
+    whole = log.window(began, ended)
     assert whole.failures == 0 and 0 < whole.p99_ms < 10_000
-    assert log.window(0, 1).requests_per_s == 0 and log.window(0, 1).p99_ms == 0
+    assert whole.requests_per_s * (ended - began) == pytest.approx(summary.requests)
+    # Two halves of the run hold every request once; the second after the run holds none.
+    middle = (began + ended) / 2
+    halves = [log.window(began, middle), log.window(middle, ended)]
+    counted = sum(half.requests_per_s * (middle - began) for half in halves)
+    assert counted == pytest.approx(summary.requests) and all(half.requests_per_s > 0 for half in halves)
+    after = log.window(ended, ended + 1)
+    assert after.requests_per_s == 0 and after.p99_ms == 0
 
 
 def test_a_run_whose_requests_are_rejected_ends_non_zero_with_the_failures(server, tmp_path):

@@ -1,6 +1,6 @@
-"""Overload and cancellation against the `slow` test model (50 ms a batch of up to 4, a queue of
-at most 8 that rejects): a burst is met by fast rejections, not a growing queue; cancelled
-requests still queued are not executed."""
+"""Overload and cancellation against the `slow` test model (50 ms x the largest X a batch of up to
+4, a queue of at most 8 that rejects): a burst is met by fast rejections, not a growing queue;
+cancelled requests still queued are not executed."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ def rows_executed(server) -> float:
     return value(scrape_flushed(server.config.metrics_url), "tidepool_batch_rows_total", model="slow")
 
 
-async def send(client, seconds: float | None = None) -> tuple[bool, float, str]:
-    tensor = grpc_aio.InferInput("X", [1, 1], "INT32")
-    tensor.set_data_from_numpy(np.ones((1, 1), dtype=np.int32))
+async def send(client, seconds: float | None = None, x: int = 1, rows: int = 1) -> tuple[bool, float, str]:
+    """One request of `rows` rows; the slow model takes 50 ms x `x` for its batch."""
+    tensor = grpc_aio.InferInput("X", [rows, 1], "INT32")
+    tensor.set_data_from_numpy(np.full((rows, 1), x, dtype=np.int32))
     began = time.perf_counter()
     try:
         await client.infer("slow", [tensor], client_timeout=seconds)
@@ -55,12 +56,14 @@ def test_cancelled_requests_that_are_still_queued_are_not_executed(server):
     async def scenario():
         client = grpc_aio.InferenceServerClient(server.config.grpc_url)
         before = rows_executed(server)
-        # Four requests fill the first batch; the next four wait behind it and are cancelled
-        # (client timeout) while still queued; then one more request after they are gone.
-        first = [asyncio.ensure_future(send(client)) for _ in range(4)]
-        await asyncio.sleep(0.01)
-        cancelled = await asyncio.gather(*(send(client, seconds=0.02) for _ in range(4)))
-        done = await asyncio.gather(*first)
+        # A request of four rows fills the first batch, which runs for 2 s; the next four
+        # requests, sent once it runs, wait behind it and are cancelled (client timeout) while
+        # still queued; then one more request after they are gone. The margins are wide, for a
+        # loaded machine.
+        first = asyncio.ensure_future(send(client, x=40, rows=4))
+        await asyncio.sleep(0.5)
+        cancelled = await asyncio.gather(*(send(client, seconds=0.3) for _ in range(4)))
+        done = [await first]
         last = await send(client)
         await asyncio.sleep(0.2)
         after = rows_executed(server)

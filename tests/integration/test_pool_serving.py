@@ -51,7 +51,7 @@ def test_steady_traffic_allocates_nothing_fresh_and_gives_everything_back(server
         with Connection.open("grpc", url) as grpc:
             spec = grpc.model_spec("encoder")
             for _ in range(count):
-                time.sleep(0.01)
+                time.sleep(0.1)  # Triton frees an instance once its response is sent: later when loaded
                 grpc.infer("encoder", random_inputs(spec), spec)
 
     lone_requests(1)

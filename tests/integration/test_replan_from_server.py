@@ -56,6 +56,15 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], *wanted: str) 
         assert text in lines[-1], done.stderr
 
 
+# An observation lasts the window asked plus two statistics calls, slower on a loaded machine.
+WINDOW_SLACK_S = 3.0
+
+
+def observed_window_s(line: str) -> float:
+    """The window an observation's line says it covered ('... samples/s over 4.0 s, ...')."""
+    return float(line.split(" samples/s over ")[1].split(" s,")[0])
+
+
 def test_a_server_under_load_is_replanned_from_the_saved_profiles_over_the_window_asked(served):
     config, model_dir = served
     load = threading.Thread(
@@ -76,7 +85,7 @@ def test_a_server_under_load_is_replanned_from_the_saved_profiles_over_the_windo
     # The unplanned config is observed for the whole window, not a short first look.
     assert "is none of the plans for these budgets; observing 4 s of its traffic" in done.stdout
     [observed] = [line for line in done.stdout.splitlines() if "samples/s over" in line]
-    assert " over 4 s, 0 failed" in observed, observed
+    assert 4 <= observed_window_s(observed) < 4 + WINDOW_SLACK_S and ", 0 failed" in observed, observed
     rate = float(observed.split("encoder: ")[1].split(" samples/s")[0])
     assert rate > 10, observed  # it saw the closed loop's traffic
     assert "planned " in done.stdout
@@ -86,7 +95,8 @@ def test_grpc_is_taken_with_its_scheme(served):
     config, model_dir = served
     done = plan(model_dir, "--from-server", f"grpc://{config.grpc_url}", "--window", "1500ms")
     assert done.returncode == 0, done.stderr
-    assert " over 2 s, 0 failed" in done.stdout or " over 1 s, 0 failed" in done.stdout, done.stdout
+    [observed] = [line for line in done.stdout.splitlines() if "samples/s over" in line]
+    assert 1.5 <= observed_window_s(observed) < 1.5 + WINDOW_SLACK_S and ", 0 failed" in observed, observed
 
 
 def test_the_grpc_port_given_as_http_is_one_line_that_says_which_to_use(served):

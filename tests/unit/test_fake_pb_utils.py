@@ -36,3 +36,14 @@ def test_a_dlpack_tensor_on_the_host_reads_as_numpy(pb_utils):
     assert made.is_cpu() and made.as_numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(TritonModelException, match="not supported"):
         pb_utils.Tensor.from_dlpack("Y", [1, 2])
+
+
+def test_from_dlpack_shares_the_memory_and_refuses_what_the_real_stub_refuses(pb_utils):
+    import torch
+
+    source = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    tensor = pb_utils.Tensor.from_dlpack("OUT", source)
+    source[0, 0] = 42.0  # written after the call: the stub reads the memory later, so it sees it
+    assert tensor.read()[0, 0] == 42.0 and tensor.as_numpy()[0, 0] == 42.0
+    with pytest.raises(pb_utils.TritonModelException, match="not contiguous"):
+        pb_utils.Tensor.from_dlpack("OUT", source.t())

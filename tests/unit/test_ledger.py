@@ -141,7 +141,7 @@ def test_a_pool_that_does_not_answer_is_waited_for_a_bounded_time(tmp_path):
         silent.allocate(12 * MiB)
     began = time.monotonic()
     with pytest.raises(BudgetDenied, match="did not trim in 0.2 s"):
-        asking.budget.reserve(8 * MiB, wait_s=0.2)
+        asking.budget.reserve(8 * MiB, wait=0.2)
     assert 0.2 <= time.monotonic() - began < 1.0
     assert asking.budget.reserved == 0
 
@@ -191,11 +191,11 @@ def reserve_and_release(directory: str, rounds: int, seed: int, errors: mp.Queue
             else:
                 size = generator.randint(1, 24) * MiB
                 try:
-                    entry.reserve(size, wait_s=0.0)
+                    entry.reserve(size, wait=0.0)
                     held += size
                 except BudgetDenied:
                     pass
-            total = ledger.reserved_total()
+            total = sum(view.reserved for view in ledger.snapshot())  # under the ledger's lock
             if total > ledger.budget:
                 errors.put(f"reserved {total} above {ledger.budget}")
         entry.release(held)

@@ -85,12 +85,21 @@ def test_an_output_of_the_wrong_shape_is_reported(pb_utils, model):
 
 
 def test_outputs_stay_intact_until_the_next_execute(pb_utils, model):
-    """The stub copies output tensors after execute returns: nothing may reuse their blocks before."""
+    """The stub copies output tensors after execute returns: nothing may reuse their blocks before,
+    not the housekeeping that runs as the responses go out, not a trim, not the next execution
+    while a view of them is still read."""
     first = model.execute([request(pb_utils, np.full((2, 6), 7), 1.0)])
     held = output_of(first[0], "OUT")
     assert np.shares_memory(held, model.instance.pool._store.arenas[0].host_view)  # a view of a pool block
     assert model.instance.pool.stats().allocated_bytes > 0  # still reserved between executes
+    model.instance.housekeep()
+    model.instance.pool.trim()
     np.testing.assert_array_equal(held, np.full((2, 6), 7.0))
+    second = model.execute([request(pb_utils, np.full((2, 6), 3), 1.0)])
+    again = output_of(second[0], "OUT")
+    np.testing.assert_array_equal(again, np.full((2, 6), 3.0))
+    np.testing.assert_array_equal(held, np.full((2, 6), 7.0))
+    assert not np.shares_memory(held, again)
 
 
 def test_a_request_that_alone_exceeds_the_pool_limit_is_not_answered_retry_later(pb_utils, tmp_path):

@@ -82,6 +82,7 @@ def _runner_role(settings: LoadSettings, prefix: Path) -> list[str]:
 
 
 def run_load(settings: LoadSettings) -> LoadSummary:
+    require("locust", "tidepool load")
     if settings.protocol not in USER_CLASSES:
         raise LoadError(f"protocol must be grpc or http, got {settings.protocol!r}")
     report_dir = settings.report_dir or Path("reports") / dt.datetime.now().strftime("load-%Y%m%d-%H%M%S")
@@ -156,8 +157,6 @@ def read_summary(report_dir: Path) -> LoadSummary:
 @dataclass
 class WindowFigures:
     """What the requests that finished in one window of a run saw."""
-
-    require("locust", "tidepool load")
 
     requests_per_s: float  # answered
     p99_ms: float  # of the answered ones (0 when none)

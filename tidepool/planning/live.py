@@ -79,7 +79,7 @@ class Observation:
     def describe(self) -> str:
         sizes = ", ".join(f"{b}x{n} ({ms:.1f} ms)" for b, (n, ms) in sorted(self.batches.items()))
         return (
-            f"{self.rate:.1f} samples/s over {self.window_s:.0f} s, {self.failures} failed, mean batch "
+            f"{self.rate:.1f} samples/s over {self.window_s:.1f} s, {self.failures} failed, mean batch "
             f"{self.avg_batch:.2f}, queue {self.queue_ms:.1f} ms, compute {self.compute_ms:.1f} ms; "
             f"batches: {sizes}"
         )

@@ -34,8 +34,22 @@ ENTRY = np.dtype([("pid", "<i8"), ("start", "<i8"), ("floor", "<i8"), ("reserved
                   ("trim_wanted", "<i8"), ("model", "S64"), ("instance", "S64")])  # fmt: skip
 # How long a reservation waits for other pools to trim: they answer from their background
 # housekeeping within housekeeping.POLL_S, or as their execution ends, so this is many rounds.
+# TIDEPOOL_LEDGER_WAIT_S in the server's environment sets it (a machine whose stubs may be starved
+# of CPU for longer, such as a test run beside a busy core).
 WAIT_S = 1.0
+WAIT_VARIABLE = "TIDEPOOL_LEDGER_WAIT_S"
 RETRY_S = 0.002
+
+
+def wait_s() -> float:
+    text = os.environ.get(WAIT_VARIABLE, "").strip()
+    try:
+        value = float(text) if text else WAIT_S
+    except ValueError:
+        raise PoolError(f"{WAIT_VARIABLE} must be a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise PoolError(f"{WAIT_VARIABLE} must not be negative, got {text!r}")
+    return value
 
 
 class BudgetError(PoolError):
@@ -256,10 +270,12 @@ class NodeLedger:
                 shortfall -= lendable[other]
         return False, None
 
-    def reserve(self, entry: LedgerEntry, nbytes: int, wait_s: float = WAIT_S) -> None:
+    def reserve(self, entry: LedgerEntry, nbytes: int, wait: float | None = None) -> None:
         """Count `nbytes` more against the budget for `entry`, asking other pools to trim what
-        they lend and waiting up to `wait_s` for them; BudgetDenied if it still does not fit."""
-        deadline = time.monotonic() + wait_s
+        they lend and waiting up to `wait` seconds (default: wait_s()) for them; BudgetDenied if it
+        still does not fit."""
+        wait = wait_s() if wait is None else wait
+        deadline = time.monotonic() + wait
         asked = False
         while True:
             with self._locked():
@@ -270,7 +286,7 @@ class NodeLedger:
                 if why is None and time.monotonic() >= deadline:
                     why = (
                         f"the node's {self.tier} memory budget is {mib(self.budget)} and the other "
-                        f"pools did not trim in {wait_s:.1f} s ({self.holders()})"
+                        f"pools did not trim in {wait:.1f} s ({self.holders()})"
                     )
                 if why is not None:
                     self._count("denials")
@@ -322,8 +338,8 @@ class LedgerEntry:
         """The budget split evenly among the pools there now (an estimate, read without the lock)."""
         return self.ledger.budget // max(1, int(np.count_nonzero(self.ledger._entries["pid"])))
 
-    def reserve(self, nbytes: int, wait_s: float = WAIT_S) -> None:
-        self.ledger.reserve(self, nbytes, wait_s)
+    def reserve(self, nbytes: int, wait: float | None = None) -> None:
+        self.ledger.reserve(self, nbytes, wait)
 
     def release(self, nbytes: int) -> None:
         self.ledger.release(self, nbytes)

@@ -75,7 +75,7 @@ SPIN_VARIABLE = "GOMP_SPINCOUNT"
 # takes from the requests the old instances serve on the same cores; a nice loader gives them back,
 # but under saturation it is starved and the reload that would add capacity comes late. Measured on
 # 2 cores (encoder, 2x1): at nice 10 one reload in 12 s of closed loop cost 11-12% of the requests
-# instead of 23-33% (benchmarks/reload_under_load.py), but under a Locust step load on the same
+# instead of 23-33% (`benchmarks/live.py reload`), but under a Locust step load on the same
 # cores each reload took 35-40 s instead of 6-9 s, and the live re-planner served the old config
 # for three steps (docs/operations.md). So it is opt-in: for reloads that add no capacity.
 NICENESS_VARIABLE = "TIDEPOOL_LOADING_NICENESS"
@@ -124,9 +124,9 @@ def at_lower_priority(load: Callable[[], Loaded], niceness: int) -> Loaded:
 # default DEFAULT_SPIN_COUNT; libgomp's own default is ~300,000 rounds, milliseconds): long enough to
 # stay awake between the operators of one forward pass, short enough to leave the cores before
 # another instance takes the next request. Measured on 2 cores (encoder, 2 instances x up to 2
-# threads, concurrency 1): default spin 0.67x one instance with 2 threads, 20,000 rounds 0.94-1.09x;
-# benchmarks/openmp_alternation.py shows why (two processes taking turns at the default spin: 1.93x
-# the pass of one process; at 20,000: 1.06x).
+# threads, concurrency 1): default spin 0.67x one instance with 2 threads, 20,000 rounds 0.94-1.09x.
+# Why (docs/planning.md): two processes taking turns at the default spin took 1.93x the pass of one
+# process; at 20,000, 1.06x.
 
 
 def oversubscribed(model: ModelSpec, cores: int) -> bool:

@@ -1,45 +1,58 @@
-"""The closed loop against a static plan, under the same Locust step load (1 -> 32 users), on one
-machine in one run:
+"""Serving while the config changes, each in one run on this machine:
 
-1. profile the model at each thread split (saved profiles, as `tidepool plan --profile` takes);
-2. static: `tidepool serve` with the config `tidepool plan` writes from those profiles;
-3. watch: `tidepool serve --model-control explicit` started from a deliberately poor config, with
-   `tidepool plan --from-server --watch --apply` re-planning every window;
-4. steady: the same watch under a constant load, to show it reloads once at most (no flapping).
+python -m benchmarks.live replan [--model encoder] [--step-seconds 30] [--window 8] [--repeats 2]
+    [--no-elastic-threads] [--report-dir reports/live_replan]
+  The closed loop against a static plan under the same Locust step load (1 -> 32 users):
+  1. profile the model at each thread split (saved profiles, as `tidepool plan --profile` takes);
+  2. static: `tidepool serve` with the config `tidepool plan` writes from those profiles;
+  3. watch: `tidepool serve --model-control explicit` from a deliberately poor config, with
+     `tidepool plan --from-server --watch --apply` re-planning every window;
+  4. steady: the same watch under a constant load, to show it reloads once at most.
+  Per step: throughput and p99 of the requests that finished in its last --tail seconds (from a log
+  of every request), failures, reloads; with --repeats N, static and watch alternate N times and
+  each step shows the median (min-max). Locust's CSVs, the request log and the watcher's lines are
+  kept under --report-dir, a folder per run.
 
-Per step (throughput and p99 of the requests that finished in its last --tail seconds, from a
-log of every request), failures, and reloads. With --repeats N, static and watch runs alternate
-N times and each step shows the median (min-max).
-
-    .venv/bin/python -m benchmarks.live_replan [--model encoder] [--step-seconds 30] [--window 8]
-        [--repeats 2] [--no-elastic-threads] [--report-dir reports/live_replan]
-
-Each run's Locust CSVs (stats, per-second history, failures), its request log and the watcher's
-log lines are kept under --report-dir, one folder per run.
+python -m benchmarks.live reload [--model encoder] [--levels 1,4] [--seconds 12] [--rounds 2]
+    [--niceness 10,0]
+  What one reload costs the requests served meanwhile, the new instances loading at nice 10
+  (TIDEPOOL_LOADING_NICENESS) and at full priority: per round and niceness a fresh server (explicit
+  model control, 2 instances x 1 thread); at each concurrency a closed loop for --seconds without a
+  reload, then with one (a config override, as `tidepool plan --apply` sends) 2 s in. Requests
+  served with / without the reload, p99 with it, and the reload's duration; median (min-max) over
+  --rounds, the niceness values alternated.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from benchmarks.in_turn import spread
+from benchmarks.common.in_turn import spread
+from tidepool.clients.closed_loop import LoadResult, run_closed_loop
+from tidepool.clients.connection import Connection
 from tidepool.clients.locust_run import LoadSettings, LoadSummary, RequestLog, run_load
 from tidepool.clients.metrics import scrape, value
-from tidepool.configfile import copy_model, read_config, set_instances, write_config
+from tidepool.configfile import as_dict, copy_model, read_config, set_instances, write_config
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.planning.candidates import candidates, thread_splits
 from tidepool.planning.config_writer import write_plan
 from tidepool.planning.plan import Budgets
 from tidepool.planning.profiler import profile_model
+from tidepool.runtime.cores import NICENESS_VARIABLE
+from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
+RELOAD_AFTER_S = 2.0
 STEPS = "1,2,4,8,16,32"  # the default: light to heavy
 
 
@@ -95,7 +108,7 @@ def served_run(repository: Path, model: str, steps: str, step_seconds: float, wa
         return summary, lines, generation
 
 
-def main() -> None:
+def main_replan() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="encoder")
     parser.add_argument("--latency-budget-ms", type=float, default=100.0)
@@ -200,6 +213,97 @@ def main() -> None:
             print(f"{run}: {summary.requests} requests, {summary.failures} failed, {reloads} reloads, "
                   f"final plan generation {generation:.0f}, p99 {summary.p99_ms:.0f} ms overall "
                   f"({seconds:.0f} s)")  # fmt: skip
+
+
+def two_by_one(model_dir: Path) -> dict:
+    config = as_dict(read_config(model_dir / "config.pbtxt"))
+    config["instance_group"] = [{"count": 2, "kind": "KIND_CPU"}]
+    config["parameters"]["TORCH_NUM_THREADS"] = {"string_value": "1"}
+    return config
+
+
+def with_reload(server: TritonServer, model: str, config: dict, level: int, seconds: float, generation: int):
+    """A closed loop with one reload RELOAD_AFTER_S in; (load result, seconds the reload took)."""
+    took: list[float] = []
+
+    def reload() -> None:
+        time.sleep(RELOAD_AFTER_S)
+        override = json.loads(json.dumps(config))
+        override["parameters"]["TIDEPOOL_PLAN_GENERATION"] = {"string_value": str(generation)}
+        with Connection.open("http", server.config.http_url) as http:
+            began = time.perf_counter()
+            http.client.load_model(model, config=json.dumps(override))
+            took.append(time.perf_counter() - began)
+
+    reloader = threading.Thread(target=reload)
+    reloader.start()
+    result = run_closed_loop(model, server.config.grpc_url, concurrency=level, duration_s=seconds)
+    reloader.join()
+    return result, took[0]
+
+
+def main_reload() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--levels", default="1,4")
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--niceness", default="10,0", help="TIDEPOOL_LOADING_NICENESS values, alternated")
+    args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
+    # (niceness, level) -> [(served with reload / without, p99 with reload ms, reload s)]
+    figures: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = Path(tmp)
+        model_dir = repository / args.model
+        copy_model(MODEL_REPOSITORY / args.model, model_dir)
+        config = two_by_one(model_dir)
+        for round_number in range(args.rounds):
+            for niceness in [int(n) for n in args.niceness.split(",")]:
+                os.environ[NICENESS_VARIABLE] = str(niceness)
+                server_config = ServerConfig.on_free_ports(repository, model_control="explicit")
+                with (
+                    TritonServer(server_config) as server,
+                    Connection.open("http", server_config.http_url) as http,
+                ):
+                    http.client.load_model(args.model, config=json.dumps(config))
+                    for index, level in enumerate(levels):
+                        steady: LoadResult = run_closed_loop(
+                            args.model, server_config.grpc_url, concurrency=level, duration_s=args.seconds
+                        )
+                        reloaded, took = with_reload(
+                            server, args.model, config, level, args.seconds, index + 1
+                        )
+                        ratio = len(reloaded.latencies_ms) / max(1, len(steady.latencies_ms))
+                        figures.setdefault((niceness, level), []).append(
+                            (ratio, reloaded.percentile_ms(99), took)
+                        )
+                        print(
+                            f"round {round_number + 1} niceness {niceness} c={level}: "
+                            f"{steady.requests_per_s:.1f}/s steady (p99 {steady.percentile_ms(99):.0f} ms), "
+                            f"{reloaded.requests_per_s:.1f}/s with a reload (p99 "
+                            f"{reloaded.percentile_ms(99):.0f} ms, {len(reloaded.errors)} errors); "
+                            f"the reload took {took:.1f} s",
+                            flush=True,
+                        )
+
+    print(f"\n{args.model}, 2x1, one reload {RELOAD_AFTER_S:.0f} s into {args.seconds:.0f} s of closed loop; "
+          f"median (min-max) of {args.rounds} rounds")  # fmt: skip
+    print(f"{'niceness':>9}{'c':>4}{'served with / without reload':>32}{'p99 with reload ms':>24}"
+          f"{'reload s':>20}")  # fmt: skip
+    for (niceness, level), rows in sorted(figures.items()):
+        ratios, p99s, took = zip(*rows, strict=True)
+        print(f"{niceness:>9}{level:>4}{spread(list(ratios), 2):>32}{spread(list(p99s), 0):>24}"
+              f"{spread(list(took), 1):>20}")  # fmt: skip
+
+
+def main() -> None:
+    commands = {"replan": main_replan, "reload": main_reload}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit(__doc__)
+    command = sys.argv.pop(1)
+    sys.argv[0] = f"{sys.argv[0]} {command}"
+    commands[command]()
 
 
 if __name__ == "__main__":

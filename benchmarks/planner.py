@@ -1,26 +1,29 @@
-"""The planned config at every load level, against a grid of configs and two baselines, on one
-real server in one run:
+"""The planner against the search it replaces, each in one run on real servers:
 
-1. `tidepool plan --verify --write` as a user runs it (profile at each thread split and precision
-   allowed, rank, serve the top candidates), timed;
-2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
-   Python backend (same model, 2 ms delay, at each split of the cores) loaded together and
-   measured level by level in turn, for --rounds rounds (the spread is printed);
-3. the grid: max_batch_size (default 1, 2, 4, 8) x delay (default 0, 2 ms) x instances/threads,
-   each loaded once (a config override), measured at every level; --grid-batches and
-   --grid-delays-ms make it the size of the search a user would run instead of planning;
-4. per level: the planned throughput against the best grid point that meets the p99 budget, and
-   against both baselines; planning time against the grid's.
+python -m benchmarks.planner grid --model encoder [--latency-budget-ms 100] [--levels 1,2,4,8,16]
+    [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid] [--no-elastic-threads]
+    [--grid-batches 1,2,4,8,16,32] [--grid-delays-ms 0,1,2,5]
+  1. `tidepool plan --verify --write` as a user runs it, timed;
+  2. the planned config, Triton's `dynamic_batching {}` (no delay, same everything else) and a plain
+     Python backend (same model, 2 ms delay, at each split of the cores) measured level by level in
+     turn, for --rounds rounds (the spread is printed);
+  3. the grid: max_batch_size x delay x instances/threads, each loaded once, at every level;
+  4. per level: the planned throughput against the best grid point within the p99 budget and
+     against both baselines; planning time against the grid's.
 
-    .venv/bin/python -m benchmarks.plan_vs_grid --model encoder [--latency-budget-ms 100]
-        [--levels 1,2,4,8,16] [--window-s 2] [--rounds 2] [--max-output-error 0.01] [--no-grid]
-        [--no-elastic-threads] [--grid-batches 1,2,4,8,16,32] [--grid-delays-ms 0,1,2,5]
+python -m benchmarks.planner time [--models encoder,convnet]
+  How long `tidepool plan --verify` takes against measuring every candidate it considered at every
+  level the fixed way (a 1 s warm-up, two 2 s windows), and whether both pick the same config; plan
+  time against Model Analyzer 1.58's brute search of the encoder on this machine (208 s); both
+  winners' worst level in the grid's own figures (throughput / the best there), since configs that
+  differ only in max_batch_size are often within the noise of each other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -29,18 +32,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.in_turn import Target, in_turn, spread, sweep, throughputs
+from benchmarks.common.in_turn import Target, in_turn, spread, sweep, throughputs
+from benchmarks.common.plain_backend import PLAIN_DELAY_US, plain_model
 from tidepool.clients.connection import Connection
-from tidepool.clients.sweep import LevelResult
-from tidepool.configfile import ModelConfig, as_dict, copy_model, read_config, set_instances, write_config
+from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
+from tidepool.configfile import ModelConfig, as_dict, copy_model, read_config, set_instances
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.machine import usable_cores
-from tidepool.planning.candidates import thread_splits
+from tidepool.planning.candidates import candidates, shared_batch_plan, thread_splits
+from tidepool.planning.config_writer import planned_config
 from tidepool.planning.live import served_label
+from tidepool.planning.plan import VERIFY_LEVELS, Budgets, Plan
+from tidepool.planning.profile import Profile
+from tidepool.planning.run import saved_profile_paths
+from tidepool.planning.verify import VERIFY_RATE_LIMIT, LevelFigures, choose
 from tidepool.spec import positive_ints
 from tidepool.testing import MODEL_REPOSITORY
 
-PLAIN_DELAY_US = 2000
+LATENCY_BUDGETS_MS = {"encoder": 100.0, "convnet": 250.0}
+MEMORY_BUDGET = "1GiB"
+MODEL_ANALYZER_S = 208.0  # Model Analyzer 1.58, brute search of the encoder on this machine
 
 
 def plan_model(model_dir: Path, args: argparse.Namespace) -> tuple[str, float]:
@@ -81,26 +92,6 @@ def baseline_dirs(
         plain_model(repository / name, planned_dir, cores // threads, threads, plain_delay_us)
         plains.append(name)
     return "dynb", plains
-
-
-def plain_model(target: Path, planned_dir: Path, instances: int, threads: int, delay_us: int) -> Path:
-    """The model of `planned_dir` served by Triton's plain Python backend at `target` (named after
-    it): `instances` x `threads` torch threads, a queue delay of `delay_us`, nothing of Tidepool's."""
-    config = read_config(planned_dir / "config.pbtxt")
-    factory = config.parameters["MODEL_FACTORY"].string_value
-    (target / "1").mkdir(parents=True)
-    shutil.copy(planned_dir / (factory.split(":")[0] + ".py"), target)
-    shutil.copy(Path(__file__).with_name("plain_python_model.py"), target / "1" / "model.py")
-    config.name, config.backend = target.name, "python"
-    for key in [key for key in config.parameters if not key.startswith("range.")]:
-        del config.parameters[key]  # the declared value ranges stay: clients read them for valid inputs
-    config.parameters["FACTORY"].string_value = factory
-    config.parameters["TORCH_NUM_THREADS"].string_value = str(threads)
-    set_instances(config, instances)
-    config.dynamic_batching.Clear()
-    config.dynamic_batching.max_queue_delay_microseconds = delay_us
-    write_config(target / "config.pbtxt", config)
-    return target
 
 
 def grid_point(base: ModelConfig, instances: int, threads: int, batch: int, delay_us: int) -> ModelConfig:
@@ -159,7 +150,7 @@ def confirm_best(server, http, planned_dir, args, levels, grid, configs, planned
     return confirmed
 
 
-def main() -> None:
+def main_grid() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="encoder")
     parser.add_argument("--latency-budget-ms", type=float, default=100.0)
@@ -251,6 +242,109 @@ def main() -> None:
     if grid:
         print(f"planning (profiles + verification) took {planning_s:.0f} s, the grid {grid_s:.0f} s "
               f"({len(grid)} configs): {planning_s / grid_s:.1%}")  # fmt: skip
+
+
+def plan(model_dir: Path, latency_ms: float) -> tuple[str, float]:
+    """`tidepool plan --verify --write`: the chosen label and the wall time of the command."""
+    began = time.perf_counter()
+    command = [
+        sys.executable, "-m", "tidepool.cli", "plan", str(model_dir), "--verify", "--write",
+        "--latency-budget-ms", str(latency_ms), "--memory-budget", MEMORY_BUDGET,
+        "--report-dir", str(model_dir.parent / "verification"),
+    ]  # fmt: skip
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        raise SystemExit(f"tidepool plan failed ({done.returncode}):\n{done.stderr}")
+    table = done.stdout[done.stdout.find("candidate ") :].split("\nwrote", 1)[0]
+    print(table, flush=True)
+    found = re.search(r"^plan for \S+ \((.+)\), planned in", done.stdout, re.MULTILINE)
+    assert found, done.stdout[-2000:]
+    return found.group(1), seconds
+
+
+def grid_of(model_dir: Path, budgets: Budgets) -> list[Plan]:
+    """Every candidate the planner considered, from the profiles `plan --write` saved."""
+    profiles = [Profile.read(path) for path in saved_profile_paths(model_dir)]
+    ranked, _ = candidates(profiles, budgets)
+    several = next((p for p in ranked if p.instance_count > 1), None)
+    shared = shared_batch_plan(several, budgets) if several else None
+    return ranked + ([shared] if shared and all(shared.label != p.label for p in ranked) else [])
+
+
+def worst_level(label: str, figures: list[LevelFigures]) -> float:
+    """A config's throughput at its worst level relative to the best there (the rule's second key)."""
+    best: dict[int, float] = {}
+    for f in figures:
+        best[f.concurrency] = max(best.get(f.concurrency, 0.0), f.throughput)
+    return min(f.throughput / best[f.concurrency] for f in figures if f.candidate == label)
+
+
+Grid = tuple[str, float, list[LevelFigures]]  # the winner, the seconds it took, the figures
+
+
+def measure_grid(model_dir: Path, grid: list[Plan], budgets: Budgets) -> Grid:
+    """Every config at every level, two 2 s windows after a 1 s warm-up: the winner, the time, the
+    figures."""
+    began = time.perf_counter()
+    base = read_config(model_dir / "config.pbtxt")
+    figures: list[LevelFigures] = []
+    with tempfile.TemporaryDirectory(prefix="tidepool-grid-") as tmp:
+        names = [f"g{i}" for i in range(len(grid))]
+        for name, config in zip(names, grid, strict=True):
+            copy_model(model_dir, Path(tmp) / name, planned_config(base, config))
+        server_config = ServerConfig.on_free_ports(
+            Path(tmp), model_control="explicit", rate_limit=VERIFY_RATE_LIMIT
+        )
+        with TritonServer(server_config):
+            for level in VERIFY_LEVELS:
+                for name, config in zip(names, grid, strict=True):
+                    settings = SweepSettings(name, url=server_config.grpc_url, concurrency=(level,),
+                                             window_s=2.0, warmup_s=1.0, max_windows=2)  # fmt: skip
+                    [result] = Sweep(settings).run()
+                    figures.append(LevelFigures(
+                        config.label, level, result.throughput, result.p50_ms, result.p99_ms, result.errors,
+                        result.avg_batch, result.errors == 0 and result.p99_ms <= budgets.latency_ms,
+                    ))  # fmt: skip
+                    print(f"  grid c={level} {config.label}: {result.throughput:.1f}/s, "
+                          f"p99 {result.p99_ms:.1f} ms", flush=True)  # fmt: skip
+    return grid[choose(grid, figures)].label, time.perf_counter() - began, figures
+
+
+def main_time() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="encoder,convnet")
+    args = parser.parse_args()
+    rows = []
+    for model in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = Path(tmp) / model
+            shutil.copytree(MODEL_REPOSITORY / model, model_dir, ignore=shutil.ignore_patterns("profiles"))
+            latency = LATENCY_BUDGETS_MS.get(model, 100.0)
+            print(f"== {model}: tidepool plan --verify", flush=True)
+            chosen, plan_s = plan(model_dir, latency)
+            budgets = Budgets(memory_bytes=2**30, latency_ms=latency)
+            grid = grid_of(model_dir, budgets)
+            print(f"== {model}: the grid, {len(grid)} configs x {len(VERIFY_LEVELS)} levels", flush=True)
+            winner, grid_s, figures = measure_grid(model_dir, grid, budgets)
+            scores = f"{worst_level(chosen, figures):.2f} / {worst_level(winner, figures):.2f}"
+            rows.append((model, plan_s, chosen, grid_s, len(grid), winner, scores))
+    print("\n| model | plan --verify | grid (configs) | plan/grid | plan/MA 208 s | planned | grid's winner "
+          "| same | worst level in the grid, planned / winner |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for model, plan_s, chosen, grid_s, size, winner, scores in rows:
+        same = "yes" if chosen == winner else "no"
+        print(f"| {model} | {plan_s:.0f} s | {grid_s:.0f} s ({size}) | {plan_s / grid_s:.2f} | "
+              f"{plan_s / MODEL_ANALYZER_S:.2f} | {chosen} | {winner} | {same} | {scores} |")  # fmt: skip
+
+
+def main() -> None:
+    commands = {"grid": main_grid, "time": main_time}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit(__doc__)
+    command = sys.argv.pop(1)
+    sys.argv[0] = f"{sys.argv[0]} {command}"
+    commands[command]()
 
 
 if __name__ == "__main__":

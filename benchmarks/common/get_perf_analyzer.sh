@@ -2,7 +2,7 @@
 # Puts NVIDIA's perf_analyzer (shipped in the tritonclient 2.51.0 wheel) at .tools/bin/perf_analyzer,
 # with the two libraries it needs taken from the nvidia-pytriton wheel (libb64, libcudart 12).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ -x .tools/bin/perf_analyzer ] && exit 0
 mkdir -p .tools/bin .tools/lib .tools/download
 .venv/bin/python -m pip download --quiet --no-deps tritonclient==2.51.0 -d .tools/download

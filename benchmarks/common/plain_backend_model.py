@@ -1,6 +1,6 @@
 """The baseline Tidepool is measured against: a model served by Triton's plain Python backend the
 way people write one by hand (concatenate the requests, one forward pass, split), with no pool,
-no validation and no planning. Copied as <model>/1/model.py by benchmarks/plan_vs_grid.py.
+no validation and no planning. Copied as <model>/1/model.py by plain_backend.plain_model.
 
 Parameters: FACTORY ('module:function' in the model directory), TORCH_NUM_THREADS."""
 

@@ -1,0 +1,1 @@
+"""Helpers the benchmark scripts share: measuring served models in turn, the plain Python backend."""
