@@ -15,8 +15,6 @@ from tidepool.machine import usable_cores
 
 
 def add(commands: Any) -> None:
-    from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S
-
     plan = commands.add_parser("plan", help="choose batcher settings from a profile and budgets")
     plan.add_argument(
         "model_dir",
@@ -32,6 +30,16 @@ def add(commands: Any) -> None:
     )
     plan.add_argument("--latency-budget-ms", type=float, required=True)
     plan.add_argument("--headroom", type=float, default=0.8, help="share of the memory budget to use")
+    _add_candidate_flags(plan)
+    _add_verification_flags(plan)
+    _add_live_flags(plan)
+    plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
+    add_measuring_options(plan)
+    plan.set_defaults(run=run)
+
+
+def _add_candidate_flags(plan: argparse.ArgumentParser) -> None:
+    """What the plan chooses among: cores, profiles, thread splits, precisions, elastic threads."""
     plan.add_argument("--cores", type=int, help="CPU cores for instances (default: this machine's)")
     plan.add_argument(
         "--profile",
@@ -52,6 +60,24 @@ def add(commands: Any) -> None:
         help="largest max-abs difference from fp32 outputs a lower precision may have (default 0: fp32 only)",
     )
     plan.add_argument(
+        "--bounded-queue",
+        action="store_true",
+        help="also write the queue policy (max_queue_size, REJECT after the latency budget); "
+        "off by default, see docs/planning.md",
+    )
+    plan.add_argument(
+        "--elastic-threads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also plan CPU instances that share the cores among those busy (ELASTIC_THREADS; "
+        "see docs/planning.md; default: on)",
+    )
+
+
+def _add_verification_flags(plan: argparse.ArgumentParser) -> None:
+    from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S
+
+    plan.add_argument(
         "--verify",
         action="store_true",
         help="serve the top candidates on a real server; pick by measured throughput and p99 at each level",
@@ -70,6 +96,9 @@ def add(commands: Any) -> None:
     plan.add_argument(
         "--report-dir", help="where --verify writes its CSV and PNG (default: reports/plan-...)"
     )
+
+
+def _add_live_flags(plan: argparse.ArgumentParser) -> None:
     live = plan.add_argument_group("re-planning from a live server")
     live.add_argument(
         "--from-server",
@@ -87,22 +116,6 @@ def add(commands: Any) -> None:
         help="load a changed config into the server (serve it with --model-control explicit)",
     )
     live.add_argument("--watch", action="store_true", help="observe and re-plan every window until stopped")
-    plan.add_argument("--write", action="store_true", help="write config.pbtxt (default: print only)")
-    plan.add_argument(
-        "--bounded-queue",
-        action="store_true",
-        help="also write the queue policy (max_queue_size, REJECT after the latency budget); "
-        "off by default, see docs/planning.md",
-    )
-    plan.add_argument(
-        "--elastic-threads",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also plan CPU instances that share the cores among those busy (ELASTIC_THREADS; "
-        "see docs/planning.md; default: on)",
-    )
-    add_measuring_options(plan)
-    plan.set_defaults(run=run)
 
 
 def warn(text: str) -> None:
