@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from tidepool.errors import TidepoolError
-from tidepool.spec import ModelSpec, TensorSpec
+from tidepool.spec import ModelSpec, TensorSpec, shape_text
+
+UNDECLARED_INT_BOUND = 100  # integers without a declared range are drawn from [-100, 100]
 
 
 class InputFileError(TidepoolError):
@@ -23,17 +25,47 @@ def random_tensor(spec: TensorSpec, batch: int | None, rng: np.random.Generator)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dtype)
     if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = info.min, info.max
-        if spec.value_range is not None:
-            low, high = int(spec.value_range.low), int(spec.value_range.high)
-        else:
-            low, high = max(low, -100), min(high, 100)
+        low, high = integer_bounds(spec)
         return rng.integers(low, high, size=shape, endpoint=True, dtype=dtype)
     values = rng.standard_normal(size=shape)
     if spec.value_range is not None:
         values = rng.uniform(spec.value_range.low, spec.value_range.high, size=shape)
     return values.astype(dtype)
+
+
+def integer_bounds(spec: TensorSpec) -> tuple[int, int]:
+    """The inclusive bounds random values of an integer input are drawn from: its declared range,
+    else [-100, 100] within its type."""
+    if spec.value_range is not None:
+        return int(spec.value_range.low), int(spec.value_range.high)
+    info = np.iinfo(spec.dtype)
+    return max(int(info.min), -UNDECLARED_INT_BOUND), min(int(info.max), UNDECLARED_INT_BOUND)
+
+
+def describe_generated(model: ModelSpec) -> str:
+    """What generated inputs were and the two ways to make them meaningful, for a message that
+    follows a model's failure on them."""
+    drawn = []
+    for spec in model.inputs:
+        shape = shape_text(spec.shape(1 if model.batched else None))
+        if spec.dtype.kind in "iu":
+            low, high = integer_bounds(spec)
+            values = f"integers in [{low}, {high}]"
+        elif spec.dtype.kind == "b":
+            values = "booleans"
+        elif spec.value_range is not None:
+            values = f"uniform in [{spec.value_range.low:g}, {spec.value_range.high:g}]"
+        else:
+            values = "standard normal values"
+        source = f"range.{spec.name}" if spec.value_range is not None else f"no range.{spec.name} declared"
+        if spec.variable and spec.planned_dims is None:
+            source += f"; its -1 dims at 1, no shape.{spec.name} declared"
+        drawn.append(f"{spec.name} {spec.wire_type} {shape}: {values} ({source})")
+    return (
+        "the inputs were generated from the config: " + "; ".join(drawn) + ". If the model needs other "
+        'values, declare each input\'s range in config.pbtxt (parameters { key: "range.NAME" value { '
+        'string_value: "LOW,HIGH" } }), or pass real samples with --inputs FILE (.npz or .json)'
+    )
 
 
 def random_inputs(model: ModelSpec, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:

@@ -130,9 +130,16 @@ MODEL_FACTORY: Parameter[str | None] = Parameter(
 TORCHSCRIPT: Parameter[str | None] = Parameter(
     "TORCHSCRIPT", None, as_text, "a TorchScript file in the model directory", "one of them"
 )
+EXPORTED_PROGRAM: Parameter[str | None] = Parameter(
+    "EXPORTED_PROGRAM", None, as_text,
+    "a `torch.export` program (`.pt2`) in the model directory, its first dimension dynamic where "
+    "`max_batch_size` is over 1", "one of them",
+)  # fmt: skip
 WEIGHTS: Parameter[str | None] = Parameter(
-    "WEIGHTS", None, as_text, "a state dict in the model directory, read with `weights_only=True`"
-)
+    "WEIGHTS", None, as_text,
+    "weights in the model directory: safetensors (`.safetensors`) or a state dict read with "
+    "`weights_only=True`; keys and shapes must match the model",
+)  # fmt: skip
 TORCH_NUM_THREADS: Parameter[int | None] = Parameter(
     "TORCH_NUM_THREADS", None, at_least(1),
     "torch intra-op threads per instance (the most, with elastic threads)", "the machine's cores",
@@ -229,28 +236,33 @@ PLAN_REASON: Parameter[str] = Parameter(
 # Every parameter, in the README's order. `range.<INPUT>` (a value range per input) is read by
 # spec.py with the input it belongs to.
 ALL: tuple[Parameter[object], ...] = (
-    MODEL_FACTORY, TORCHSCRIPT, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS, ELASTIC_HOLD_US,
-    ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, GPU_OUTPUTS, ALLOW_NONFINITE, POOL, POOL_KIND,
-    POOL_LIMIT_BYTES, POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES, POOL_FRAGMENTATION_THRESHOLD,
-    POOL_RETAIN_HEAP, PLAN_GENERATION, PLAN_REASON,
+    MODEL_FACTORY, TORCHSCRIPT, EXPORTED_PROGRAM, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS,
+    ELASTIC_HOLD_US, ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, GPU_OUTPUTS, ALLOW_NONFINITE, POOL,
+    POOL_KIND, POOL_LIMIT_BYTES, POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES,
+    POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP, PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip
 
 
 RANGE_ROW = "| `range.<INPUT>` | inclusive `LOW,HIGH` every value of that input must stay within | none |"
+SHAPE_ROW = (
+    "| `shape.<INPUT>` | the sizes of that tensor's dims to plan, generate inputs and warm up at, e.g. `128` "
+    "for `dims: [ -1 ]` (real traffic's length; `tidepool plan` writes it in the header) | 1 for each `-1` |"
+)
 
 
 def markdown_table() -> str:
     """The README's table of parameters, made from this one (a test checks they are the same)."""
     rows = ["| parameter | meaning | default |", "| --- | --- | --- |"]
     rows += [f"| `{p.name}` | {p.meaning} | {p.documented_default} |" for p in ALL]
-    return "\n".join([*rows, RANGE_ROW])
+    return "\n".join([*rows, RANGE_ROW, SHAPE_ROW])
 
 
 def rewrite_table(readme: Path) -> bool:
     """Put markdown_table() in place of the parameter table in `readme`; whether it changed."""
     text = readme.read_text()
     start = text.index("| parameter | meaning | default |")
-    end = text.index(RANGE_ROW, start) + len(RANGE_ROW)
+    last = SHAPE_ROW if SHAPE_ROW in text[start:] else RANGE_ROW  # a README from before the shape row
+    end = text.index(last, start) + len(last)
     updated = text[:start] + markdown_table() + text[end:]
     readme.write_text(updated)
     return updated != text

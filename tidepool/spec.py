@@ -80,6 +80,9 @@ class TensorSpec:
     triton_type: str
     dims: tuple[int, ...]
     value_range: ValueRange | None = None
+    # `shape.<NAME>`: the sizes its variable (-1) dims are planned, generated and warmed up at
+    # (real traffic's lengths); None: the smallest, 1.
+    planned_dims: tuple[int, ...] | None = None
 
     @property
     def dtype(self) -> DType:
@@ -90,9 +93,14 @@ class TensorSpec:
         return TRITON_TO_WIRE[self.triton_type]
 
     def shape(self, batch: int | None) -> tuple[int, ...]:
-        """The smallest valid shape of this tensor with `batch` rows (no batch dimension if None)."""
-        sample = concrete_dims(self.dims)
+        """The shape this tensor is planned at with `batch` rows (no batch dimension if None): its
+        `shape.<NAME>` where the config gives one, else the smallest valid shape."""
+        sample = self.planned_dims or concrete_dims(self.dims)
         return sample if batch is None else (batch, *sample)
+
+    @property
+    def variable(self) -> bool:
+        return -1 in self.dims
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,18 @@ def parse_duration(text: str, where: str) -> float:
     return value
 
 
+def planned_dims(text: str, dims: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """`shape.<NAME>`: one size per declared dim ('128', or '1,128'), each variable dim's at least 1
+    and every fixed dim's as declared."""
+    sizes = tuple(positive_ints(text, where, example=",".join("128" if d == -1 else str(d) for d in dims)))
+    if len(sizes) != len(dims) or not dims_match(sizes, dims):
+        raise ConfigError(
+            f"{where}: {shape_text(sizes)} does not fit the declared dims {shape_text(dims)}: give one size "
+            "per dim, the fixed ones as declared (the batch dimension is not part of it)"
+        )
+    return sizes
+
+
 def _tensor_specs(
     entries: list[dict[str, Any]], parameters: dict[str, str], kind: str
 ) -> tuple[TensorSpec, ...]:
@@ -183,7 +203,13 @@ def _tensor_specs(
             if range_key in parameters
             else None
         )
-        specs.append(TensorSpec(name, triton_type, dims, value_range))
+        shape_key = f"shape.{name}"
+        planned = (
+            planned_dims(parameters[shape_key], dims, f"parameter {shape_key}")
+            if shape_key in parameters
+            else None
+        )
+        specs.append(TensorSpec(name, triton_type, dims, value_range, planned))
     return tuple(specs)
 
 

@@ -4,6 +4,7 @@
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from tidepool.planning.choose import capacity
 from tidepool.planning.config_writer import planned_config, write_plan
 from tidepool.planning.plan import Budgets, PlanError
 from tidepool.planning.profile import Profile
+from tidepool.planning.quality import QualityBudget
 from tidepool.testing import MODEL_REPOSITORY
 
 PROFILES = Path(__file__).parent / "profiles"
@@ -241,8 +243,8 @@ def test_a_lower_precision_is_a_candidate_only_within_the_output_error_budget():
     strict = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2)
     ranked, left_out = candidates([fp32, bf16], strict)
     assert [p.precision for p in ranked] == ["fp32"]
-    assert "output difference 0.005 > --max-output-error 0.0" in left_out[0]
-    allowed = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, max_output_error=0.01)
+    assert "max abs 0.005 (--max-output-error 0): over the budget" in left_out[0]
+    allowed = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, quality=QualityBudget(max_abs=0.01))
     ranked, _ = candidates([fp32, bf16], allowed)
     assert [p.precision for p in ranked] == ["bf16", "fp32"]
     config = planned_config(read_config(MODEL_REPOSITORY / "encoder" / "config.pbtxt"), ranked[0])
@@ -268,7 +270,7 @@ def test_verification_serves_the_best_of_each_way_to_use_the_cores_before_the_ne
     fp32 = [variant("encoder", 2), variant("encoder", 1, speed=0.7)]
     int8 = [variant("encoder", t, "int8", speed=s, error=0.005) for t, s in ((2, 1.3), (1, 1.1))]
     profiles = fp32 + int8
-    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, max_output_error=0.01)
+    budgets = Budgets(memory_bytes=1024 * MiB, latency_ms=200, cores=2, quality=QualityBudget(max_abs=0.01))
     ranked, _ = candidates(profiles, budgets)
     assert [p.label for p in ranked[:3]] == [
         "2x1-2 int8 b16 d0ms",
@@ -352,9 +354,30 @@ def test_thread_splits_and_precisions_to_try():
     from tidepool.planning.candidates import precisions_to_try, thread_splits
 
     assert thread_splits(2) == [2, 1] and thread_splits(6) == [6, 3, 2, 1] and thread_splits(1) == [1]
-    assert precisions_to_try("cpu", 0.0) == ["fp32"]  # numerics never change unless asked
-    assert precisions_to_try("cpu", 0.01) == ["fp32", "bf16", "int8"]
-    assert precisions_to_try("cuda", 0.01) == ["fp32", "bf16", "fp16"]
+    assert precisions_to_try("cpu", QualityBudget()) == ["fp32"]  # numerics never change unless asked
+    assert precisions_to_try("cpu", QualityBudget(max_abs=0.01)) == ["fp32", "bf16", "int8"]
+    assert precisions_to_try("cpu", QualityBudget(min_cosine=0.999)) == ["fp32", "bf16", "int8"]
+    assert precisions_to_try("cuda", QualityBudget(min_top1=0.99)) == ["fp32", "bf16", "fp16"]
+
+
+def test_a_quality_budget_in_the_users_terms_judges_the_outputs_it_names():
+    from tidepool.planning.quality import judge, row_measures
+
+    reference = np.array([[1.0, 0.0, 2.0], [0.5, 3.0, 0.1]])
+    close = reference + np.array([[0.01, 0.0, -0.01], [0.0, 0.02, 0.0]])
+    swapped = np.array([[1.0, 0.0, 2.0], [3.0, 0.5, 0.1]])  # the second row's top class changes
+    measured = {"E_max_abs": 0.02, "C_max_abs": 2.5}
+    measured |= {f"E_{k}": v for k, v in row_measures(close, reference).items()}
+    measured |= {f"C_{k}": v for k, v in row_measures(swapped, reference).items()}
+    assert measured["E_cosine_min"] > 0.9999 and measured["E_top1"] == 1.0 and measured["C_top1"] == 0.5
+    ok, text = judge(measured, QualityBudget(min_cosine=0.999, output="E"))
+    assert ok and text.startswith("cosine 0.99") and "--min-cosine 0.999" in text
+    assert not judge(measured, QualityBudget(min_cosine=0.999))[0]  # every output: C's rows turned
+    assert not judge(measured, QualityBudget(min_top1=0.99, output="C"))[0]
+    assert judge(measured, QualityBudget(min_top1=0.99, output="E"))[0]
+    assert (
+        not judge(measured, QualityBudget(max_abs=0.01))[0] and judge(measured, QualityBudget(max_abs=3))[0]
+    )
 
 
 def test_a_gpu_plan_takes_two_instances_where_memory_allows_and_one_where_it_does_not():

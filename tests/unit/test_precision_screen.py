@@ -8,6 +8,7 @@ import torch
 
 from tidepool.planning import profiler, screens
 from tidepool.planning.profile import Profile
+from tidepool.planning.quality import QualityBudget
 from tidepool.planning.screens import (
     GraphScreen,
     PrecisionScreen,
@@ -22,16 +23,16 @@ ENCODER = MODEL_REPOSITORY / "encoder"
 
 
 def test_a_precision_whose_outputs_are_over_the_budget_is_not_timed():
-    screen = screen_precision(ENCODER, "cpu", "int8", max_output_error=0.0, batch=2, torch_threads=1)
+    screen = screen_precision(ENCODER, "cpu", "int8", QualityBudget(max_abs=0.0), batch=2, torch_threads=1)
     assert not screen.kept and screen.speedup == 0.0
-    assert screen.output_error > 0 and "> --max-output-error 0.0" in screen.reason
+    assert screen.output_error > 0 and "(--max-output-error 0): over the budget" in screen.reason
 
 
 @pytest.mark.parametrize(("speedup", "kept"), [(1.05, True), (1.049, False), (0.9, False)])
 def test_a_precision_within_the_budget_is_kept_only_from_its_threshold_speedup(monkeypatch, speedup, kept):
     """The timing is fixed (the real one is measured below): the verdict is the rule's, exactly."""
     monkeypatch.setattr(screens, "_speedup", lambda *args: speedup)
-    screen = screen_precision(ENCODER, "cpu", "int8", max_output_error=1.0, batch=2, torch_threads=1)
+    screen = screen_precision(ENCODER, "cpu", "int8", QualityBudget(max_abs=1.0), batch=2, torch_threads=1)
     assert 0 < screen.output_error <= 1.0
     assert screen.speedup == speedup and screen.kept is kept
     assert f"{speedup:.2f}x its speed at batch 2" in screen.reason
@@ -39,7 +40,7 @@ def test_a_precision_within_the_budget_is_kept_only_from_its_threshold_speedup(m
 
 def test_a_precision_within_the_budget_is_timed_against_fp32():
     screen = screen_precision(
-        ENCODER, "cpu", "int8", max_output_error=1.0, batch=2, torch_threads=1, seconds=0.6
+        ENCODER, "cpu", "int8", QualityBudget(max_abs=1.0), batch=2, torch_threads=1, seconds=0.6
     )
     assert screen.speedup > 0  # measured: int8 against fp32, both timed in turn
 
@@ -63,7 +64,7 @@ def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkey
     verdicts = {"bf16": False, "int8": True}
     screened: list[tuple[str, int | None]] = []
 
-    def screen(model_dir, device, precision, max_output_error, torch_threads=None, **_):
+    def screen(model_dir, device, precision, quality, torch_threads=None, **_):
         screened.append((precision, torch_threads))
         return PrecisionScreen(precision, {"Y_max_abs": 0.004}, 1.5, 8, verdicts[precision], "why")
 
@@ -79,7 +80,8 @@ def test_only_the_precisions_the_screen_keeps_are_profiled_at_every_split(monkey
 
     monkeypatch.setattr(screens, "screen_precision", screen)
     monkeypatch.setattr(screens, "screen_graph", screen_graph)
-    profiles, verdicts, graph = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], 0.01, measure)
+    quality = QualityBudget(max_abs=0.01)
+    profiles, verdicts, graph = profiles_to_plan(ENCODER, [2, 1], ["fp32", "bf16", "int8"], quality, measure)
     assert screened == [("graph", 2), ("bf16", 2), ("int8", 2)]  # at the first split only
     assert [s.precision for s in verdicts] == ["bf16", "int8"] and graph.graph == "frozen"
     known = {"Y_max_abs": 0.004}
@@ -104,7 +106,7 @@ def test_an_int8_screen_leaves_the_fp32_profiles_after_it_as_they_serve():
     # attention fast path off for the whole process, so the fp32 profiles were measured without it
     # (the frozen trace recorded separate linear and attention operators) and a Tensor-typed
     # constant of that trace held a Python int, which broke the static-bytes sum.
-    screen_precision(ENCODER, "cpu", "int8", max_output_error=0.0, batch=2, torch_threads=1)
+    screen_precision(ENCODER, "cpu", "int8", QualityBudget(max_abs=0.0), batch=2, torch_threads=1)
     assert torch.backends.mha.get_fastpath_enabled()
     frozen, eager = (
         profiler.profiling_instance(ENCODER, (1, 2), "cpu", "fp32", 1, graph=graph)

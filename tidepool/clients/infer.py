@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tidepool.clients.connection import Connection
-from tidepool.inputs import random_inputs
+from tidepool.inputs import load_inputs, random_inputs
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,18 @@ class InferResult:
 
 
 def infer_once(
-    model: str, protocol: str = "http", url: str | None = None, seed: int = 0, batch: int = 1
+    model: str,
+    protocol: str = "http",
+    url: str | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    inputs: str | None = None,
 ) -> InferResult:
+    """One request: the rows of an `inputs` file, else `batch` rows generated from the config."""
     with Connection.open(protocol, url) as connection:
         spec = connection.model_spec(model)
-        inputs = random_inputs(spec, batch=batch, seed=seed)
+        sent = load_inputs(inputs, spec) if inputs else random_inputs(spec, batch=batch, seed=seed)
         started = time.perf_counter()
-        outputs = connection.infer(model, inputs, spec)
+        outputs = connection.infer(model, sent, spec)
         latency_ms = (time.perf_counter() - started) * 1e3
     return InferResult(model, protocol, connection.url, outputs, latency_ms)

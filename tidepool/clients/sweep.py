@@ -19,7 +19,7 @@ from tidepool.clients.aio_workers import Outcome, Worker
 from tidepool.clients.connection import Connection
 from tidepool.errors import TidepoolError
 from tidepool.extras import pyplot
-from tidepool.inputs import load_inputs, random_inputs
+from tidepool.inputs import describe_generated, load_inputs, random_inputs
 from tidepool.spec import positive_ints
 
 T = TypeVar("T")
@@ -161,11 +161,25 @@ class Sweep:
         s = self.settings
         plan = [("rate", r) for r in s.request_rates] or [("concurrency", c) for c in s.concurrency]
         results = []
-        for index, (mode, level) in enumerate(plan):
-            self.progress(f"[{index + 1}/{len(plan)}] {mode} {level:g}: warming up")
-            results.append(asyncio.run(self._level(mode, level, f"[{index + 1}/{len(plan)}]")))
-        self.connection.close()
+        try:
+            for index, (mode, level) in enumerate(plan):
+                self.progress(f"[{index + 1}/{len(plan)}] {mode} {level:g}: warming up")
+                result = asyncio.run(self._level(mode, level, f"[{index + 1}/{len(plan)}]"))
+                if result.errors and not result.requests:
+                    raise SweepError(self._all_failed(mode, level, result.errors, result.first_error))
+                results.append(result)
+        finally:
+            self.connection.close()
         return results
+
+    def _all_failed(self, mode: str, level: float, errors: int, first: str) -> str:
+        """Why a sweep whose requests all failed stops: the first error, and what was sent."""
+        sent = (
+            f"the inputs of {self.settings.input_file}"
+            if self.settings.input_file
+            else describe_generated(self.spec)
+        )
+        return f"every request failed at {mode} {level:g} ({errors} of them), e.g. {first!r}; {sent}"
 
     def _stats(self) -> dict:
         return self.connection.statistics(self.settings.model)["model_stats"][0]
@@ -179,7 +193,9 @@ class Sweep:
             for _ in range(workers_needed)
         ]
         try:
-            await self._window(mode, level, workers, s.warmup_s)
+            warmup, _ = await self._window(mode, level, workers, s.warmup_s)
+            if warmup.errors and not warmup.latencies_ms:  # nothing answered: no window will be either
+                raise SweepError(self._all_failed(mode, level, len(warmup.errors), warmup.errors[0]))
             before = self._stats()
             windows: list[tuple[Outcome, float]] = []
             while len(windows) < s.max_windows:

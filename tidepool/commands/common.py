@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidepool.errors import TidepoolError
@@ -50,6 +51,12 @@ def add_measuring_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-latency-ms", type=float, help="stop doubling past this p99")
     parser.add_argument("--memory-limit", help="stop doubling past this total, e.g. 4GiB")
     parser.add_argument(
+        "--inputs",
+        metavar="FILE",
+        help="real samples to measure on (.npz, or JSON of input name -> rows): their values and "
+        "lengths (default: inputs generated within the config's range.<INPUT> and shape.<INPUT>)",
+    )
+    parser.add_argument(
         "--seconds-per-point",
         type=float,
         default=SECONDS_PER_POINT,
@@ -66,4 +73,5 @@ def measuring(args: argparse.Namespace) -> Measuring:
         seconds_per_point=args.seconds_per_point,
         max_latency_ms=args.max_latency_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
+        inputs=Path(args.inputs) if args.inputs else None,
     )

@@ -14,12 +14,15 @@ def add(commands: Any) -> None:
         "--url", help="server address (default: 127.0.0.1:8000 for HTTP, 127.0.0.1:8001 for gRPC)"
     )
     infer.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    infer.add_argument(
+        "--inputs", metavar="FILE", help="send these inputs (.npz, or JSON of input name -> rows) instead"
+    )
     infer.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tidepool.clients.infer import infer_once
 
-    result = infer_once(args.model, protocol=args.protocol, url=args.url, seed=args.seed)
+    result = infer_once(args.model, protocol=args.protocol, url=args.url, seed=args.seed, inputs=args.inputs)
     print(result.describe())
     return 0

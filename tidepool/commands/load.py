@@ -24,7 +24,10 @@ def add(commands: Any) -> None:
     )
     load.add_argument("--report-dir", help="default: a new timestamped folder under ./reports/")
     load.add_argument("--batch", type=int, default=1, help="rows per request")
-    load.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
+    load.add_argument(
+        "--inputs", "--input-data", dest="input_data", metavar="FILE",
+        help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
+    )  # fmt: skip
     load.add_argument(
         "--step-users",
         metavar="N|U1,U2,...",

@@ -53,11 +53,29 @@ def _add_candidate_flags(plan: argparse.ArgumentParser) -> None:
         metavar="T1,T2",
         help="torch threads per instance to profile (default: each split of the cores)",
     )
-    plan.add_argument(
+    quality = plan.add_argument_group(
+        "what a lower precision must keep of fp32's outputs (none given: fp32 only)"
+    )
+    quality.add_argument(
         "--max-output-error",
         type=float,
         default=0.0,
-        help="largest max-abs difference from fp32 outputs a lower precision may have (default 0: fp32 only)",
+        help="largest max-abs difference from fp32's outputs",
+    )
+    quality.add_argument(
+        "--min-cosine",
+        type=float,
+        help="least cosine similarity of an output's rows to fp32's, e.g. 0.999 for embeddings",
+    )
+    quality.add_argument(
+        "--min-top1",
+        type=float,
+        help="least share of rows whose top-1 class agrees with fp32's, e.g. 0.99 for a classifier",
+    )
+    quality.add_argument(
+        "--quality-output",
+        metavar="NAME",
+        help="the output --min-cosine and --min-top1 judge (default: every one)",
     )
     plan.add_argument(
         "--bounded-queue",
@@ -124,6 +142,7 @@ def warn(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tidepool.planning.plan import Budgets
+    from tidepool.planning.quality import QualityBudget
     from tidepool.planning.run import PlanSettings, gather_profiles, plan_model, plan_repository
     from tidepool.planning.together import repository_models, tier_budget
 
@@ -138,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             headroom=args.headroom,
             cores=args.cores or usable_cores(),
             bounded_queue=args.bounded_queue,
-            max_output_error=args.max_output_error,
+            quality=QualityBudget(args.max_output_error, args.min_cosine, args.min_top1, args.quality_output),
             elastic_threads=args.elastic_threads,
         ),
         measuring=measuring(args),

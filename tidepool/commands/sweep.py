@@ -41,7 +41,10 @@ def add(commands: Any) -> None:
         default=5,
         help="windows per level until two agree within 10%% (default: %(default)s)",
     )
-    sweep.add_argument("--input-data", metavar="FILE", help=".npz or .json inputs instead of random ones")
+    sweep.add_argument(
+        "--inputs", "--input-data", dest="input_data", metavar="FILE",
+        help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
+    )  # fmt: skip
     sweep.add_argument(
         "--shared-memory",
         action="store_true",

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tidepool.planning.choose import output_error, plan_for
+from tidepool.planning.choose import plan_for
 from tidepool.planning.plan import Budgets, Plan, PlanError
 from tidepool.planning.profile import Profile
+from tidepool.planning.quality import QualityBudget, judge
 
 # Candidates whose predicted throughput is within this of the best are ranked by lone latency.
 THROUGHPUT_TIE = 0.05
@@ -21,15 +22,11 @@ def candidates(profiles: list[Profile], budgets: Budgets) -> tuple[list[Plan], l
     plans, left_out = [], []
     for profile in profiles:
         name = f"{profile.torch_threads} threads, {profile.precision}"
-        error = output_error(profile)
-        if profile.precision != "fp32" and (
-            not profile.output_difference or error > budgets.max_output_error
-        ):
-            measured = f"{error:.3g}" if profile.output_difference else "not measured"
-            left_out.append(
-                f"{name}: output difference {measured} > --max-output-error {budgets.max_output_error}"
-            )
-            continue
+        if profile.precision != "fp32":
+            kept, measured = judge(profile.output_difference, budgets.quality)
+            if not profile.output_difference or not kept:
+                left_out.append(f"{name}: outputs against fp32 {measured or 'not measured'}: over the budget")
+                continue
         try:
             plans.append(plan_for(profile, budgets))
         except PlanError as exc:
@@ -139,8 +136,8 @@ def thread_splits(cores: int) -> list[int]:
     return [t for t in range(cores, 0, -1) if cores % t == 0]
 
 
-def precisions_to_try(device: str, max_output_error: float) -> list[str]:
-    if max_output_error <= 0:
+def precisions_to_try(device: str, quality: QualityBudget) -> list[str]:
+    if not quality.allows_lower_precision:
         return ["fp32"]  # numerics never change unless asked
     return ["fp32", "bf16", "int8"] if device == "cpu" else ["fp32", "bf16", "fp16"]
 

@@ -8,6 +8,7 @@ import math
 
 from tidepool.planning.plan import MIB, Budgets, Choice, Plan, PlanError
 from tidepool.planning.profile import BatchPoint, Profile, max_abs_difference
+from tidepool.planning.quality import judge
 
 # A size is "clearly faster" when its throughput beats the next larger size's by this much.
 PREFERRED_MARGIN = 1.10
@@ -207,7 +208,7 @@ def plan_for(profile: Profile, budgets: Budgets, batch_cap: int | None = None) -
             "pool_limit_bytes": limit.reason,
             "torch_threads": f"as profiled on {profile.machine or 'this machine'}",
             "precision": "fp32" if profile.precision == "fp32"
-            else f"outputs within {output_error(profile):.3g} of fp32 (max abs), <= --max-output-error",
+            else f"outputs against fp32: {judge(profile.output_difference, budgets.quality)[1]}",
             "graph": profile.graph_reason or f"{profile.graph}: as profiled",
         },
     )  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tidepool.errors import TidepoolError
 from tidepool.machine import usable_cores
 from tidepool.planning.profile import Profile
+from tidepool.planning.quality import QualityBudget
 
 MIB = 2**20
 # What `tidepool plan --verify` serves each candidate at: closed-loop levels, seconds per window.
@@ -29,12 +30,16 @@ class Budgets:
     # Write the bounded queue into the config. Off by default: on tritonserver 2.51 any
     # default_queue_policy roughly halved this backend's throughput (see docs/planning.md).
     bounded_queue: bool = False
-    # The largest output difference from fp32 (max absolute) a lower precision may have; 0: fp32 only.
-    max_output_error: float = 0.0
+    # What a lower precision must keep of fp32's outputs (quality.py); the default: fp32 only.
+    quality: QualityBudget = field(default_factory=QualityBudget)
     # CPU: also plan instances that share the cores among those busy (runtime/cores.py). On by
     # default since the hold follows each instance's gaps: for both example models its worst level
     # was the best of the three ways to split 2 cores (docs/planning.md).
     elastic_threads: bool = True
+
+    @property
+    def max_output_error(self) -> float:
+        return self.quality.max_abs
 
     @property
     def usable_bytes(self) -> float:

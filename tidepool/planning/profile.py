@@ -58,6 +58,8 @@ class Profile:
     machine: str = ""  # where it was measured (tidepool.machine.describe_machine)
     graph: str = "eager"  # or "frozen" (runtime/graph.py)
     graph_reason: str = ""  # why `tidepool plan` profiled that graph
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # one row of each input measured
+    inputs_from: str = "generated"  # or "samples" (an --inputs file)
 
     def predict_bytes(self, batch: int) -> int:
         return int(self.static_bytes + self.per_sample_bytes * batch + self.workspace_bytes)

@@ -5,6 +5,7 @@ Which precisions and graphs are worth profiling is screens.py's."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 
 from tidepool.configfile import read_config_dict
 from tidepool.errors import TidepoolError
-from tidepool.inputs import random_inputs
+from tidepool.inputs import describe_generated, load_inputs, random_inputs
 from tidepool.machine import describe_machine
 from tidepool.planning.memory_tracker import TensorMemoryTracker
 from tidepool.planning.profile import (
@@ -22,8 +23,16 @@ from tidepool.planning.profile import (
     BatchPoint,
     Profile,
 )
+from tidepool.planning.quality import row_measures
 from tidepool.runtime.graph import weight_tensors
 from tidepool.runtime.instance import ModelInstance, Result
+from tidepool.runtime.validation import RequestError
+from tidepool.spec import parse_model_config
+
+Samples = list[dict[str, np.ndarray]]  # requests of one row each, from an --inputs file
+# The samples an instance of the profiler measures with, where it was given some (else it
+# generates valid random inputs from the config).
+_samples: weakref.WeakKeyDictionary[ModelInstance, Samples] = weakref.WeakKeyDictionary()
 
 
 class ProfileError(TidepoolError):
@@ -37,7 +46,10 @@ def profiling_instance(
     precision: str,
     torch_threads: int | None = None,
     graph: str = "eager",
+    samples: Samples | None = None,
 ) -> ModelInstance:
+    """An instance as `tidepool serve` would load it, with the pool on and no cap, measuring with
+    `samples` where given (`--inputs`), else with random inputs valid for its config."""
     config = read_config_dict(model_dir / "config.pbtxt")  # a fresh dict: ours to change
     config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
     parameters = config.setdefault("parameters", {})
@@ -52,7 +64,46 @@ def profiling_instance(
         parameters["TORCH_NUM_THREADS"] = {"string_value": str(torch_threads)}
     for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES"):  # measure, do not cap
         parameters.pop(key, None)
-    return ModelInstance.load(config, model_dir)
+    instance = ModelInstance.load(config, model_dir)
+    if samples:
+        _samples[instance] = samples
+    return instance
+
+
+def read_samples(path: Path, model_dir: Path) -> Samples:
+    """The rows of an --inputs file (.npz or .json), each a request of one row."""
+    spec = parse_model_config(read_config_dict(model_dir / "config.pbtxt"))
+    inputs = load_inputs(path, spec)
+    if not spec.batched:
+        return [inputs]
+    rows = {array.shape[0] if array.ndim else 0 for array in inputs.values()}
+    if len(rows) != 1 or 0 in rows:
+        raise ProfileError(f"{path}: every input needs the same number of rows (one per sample), got {rows}")
+    return [{name: array[i : i + 1] for name, array in inputs.items()} for i in range(rows.pop())]
+
+
+def input_shapes(instance: ModelInstance) -> dict[str, list[int]]:
+    """The shape of one row of each input the instance is measured with."""
+    request = request_rows(instance, 1, seed=0)[0]
+    cut = 1 if instance.model.batched else 0
+    return {name: list(array.shape[cut:]) for name, array in request.items()}
+
+
+def failure_hint(instance: ModelInstance, failure: Exception) -> str:
+    """Where the model itself failed on inputs the profiler generated, what they were and how to
+    make them meaningful; nothing for samples or for other failures."""
+    if instance in _samples or not (isinstance(failure, RequestError) and failure.code == "INTERNAL"):
+        return ""
+    tables = [(name, m.num_embeddings) for name, m in instance.module.named_modules()
+              if isinstance(m, torch.nn.Embedding)]  # fmt: skip
+    embeddings = (
+        " The model's nn.Embedding tables have "
+        + ", ".join(f"{rows} rows ({name or 'the model'})" for name, rows in tables[:4])
+        + ": an integer input that indexes one must stay in [0, rows - 1]."
+        if tables
+        else ""
+    )
+    return f". {describe_generated(instance.model)}.{embeddings}"
 
 
 def _static_bytes(module: torch.nn.Module) -> int:
@@ -68,7 +119,11 @@ def _static_bytes(module: torch.nn.Module) -> int:
 
 
 def request_rows(instance: ModelInstance, batch: int, seed: int) -> list[dict[str, np.ndarray]]:
-    """`batch` requests of one row each, as the dynamic batcher would hand them over."""
+    """`batch` requests of one row each, as the dynamic batcher would hand them over: the
+    instance's samples in turn, else random ones."""
+    samples = _samples.get(instance)
+    if samples:
+        return [samples[(seed + i) % len(samples)] for i in range(batch)]
     return [random_inputs(instance.model, batch=1, seed=seed + i) for i in range(batch)]
 
 
@@ -85,7 +140,7 @@ def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_
     with tracker, instance.execute(requests) as execution:
         failure = next((r for r in execution.results if isinstance(r, Exception)), None)
     if failure is not None:
-        raise ProfileError(f"batch {batch} failed: {failure}")
+        raise ProfileError(f"batch {batch} failed: {failure}{failure_hint(instance, failure)}")
     tensor_bytes = tracker.peak_bytes
     if instance.device.type == "cuda":
         torch.cuda.synchronize()
@@ -133,6 +188,8 @@ def compare_outputs(
             differences[f"{name}_rel_l2"] = max(
                 differences.get(f"{name}_rel_l2", 0.0), float(np.linalg.norm(ours - reference)) / scale
             )
+            for measure, value in row_measures(ours, reference).items():
+                differences[f"{name}_{measure}"] = min(differences.get(f"{name}_{measure}", 1.0), value)
     return differences
 
 
@@ -143,11 +200,16 @@ def differences(low: ModelInstance, full: ModelInstance, what: str, batch: int) 
 
 
 def output_difference(
-    model_dir: Path, device: str, precision: str, batch: int, torch_threads: int | None = None
+    model_dir: Path,
+    device: str,
+    precision: str,
+    batch: int,
+    torch_threads: int | None = None,
+    samples: Samples | None = None,
 ) -> dict[str, float]:
     """How far `precision`'s outputs are from fp32's on the same inputs."""
-    low = profiling_instance(model_dir, [batch], device, precision, torch_threads)
-    full = profiling_instance(model_dir, [batch], device, "fp32", torch_threads)
+    low = profiling_instance(model_dir, [batch], device, precision, torch_threads, samples=samples)
+    full = profiling_instance(model_dir, [batch], device, "fp32", torch_threads, samples=samples)
     try:
         return differences(low, full, f"comparing {precision} with fp32", batch)
     finally:
@@ -173,12 +235,14 @@ def profile_model(
     trace_path: Path | None = None,
     progress: Callable[[str], None] = lambda text: None,
     known_output_difference: dict[str, float] | None = None,
+    samples: Samples | None = None,
 ) -> Profile:
     """Every batch size in turn (stopping at the latency or memory limit); for a precision other
-    than fp32, also its outputs against fp32's (`known_output_difference` spares measuring them again)."""
+    than fp32, also its outputs against fp32's (`known_output_difference` spares measuring them
+    again). With `samples` (--inputs) it measures on them, at their lengths."""
     model_dir = Path(model_dir)
     began = time.perf_counter()
-    instance = profiling_instance(model_dir, batch_sizes, device, precision, torch_threads, graph)
+    instance = profiling_instance(model_dir, batch_sizes, device, precision, torch_threads, graph, samples)
     profile = Profile(
         model=instance.model.name or model_dir.name,
         device=device,
@@ -190,6 +254,8 @@ def profile_model(
         ),
         static_bytes=_static_bytes(instance.module),
         points=[],
+        input_shapes=input_shapes(instance),
+        inputs_from="samples" if samples else "generated",
     )
     for index, batch in enumerate(sorted(batch_sizes)):
         progress(f"[{index + 1}/{len(batch_sizes)}] batch {batch}: measuring")
@@ -216,7 +282,7 @@ def profile_model(
         if known_output_difference is None:
             progress(f"comparing {precision} outputs with fp32")
             known_output_difference = output_difference(
-                model_dir, device, precision, min(4, max(batch_sizes)), torch_threads
+                model_dir, device, precision, min(4, max(batch_sizes)), torch_threads, samples
             )
         profile.output_difference = dict(known_output_difference)
     profile.seconds = time.perf_counter() - began

@@ -10,12 +10,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidepool.planning.candidates import candidates, precisions_to_try, thread_splits, to_verify
 from tidepool.planning.config_writer import write_plan
 from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan, PlanError
 from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT, Profile
 from tidepool.planning.together import NodeShare, fit_floors, node_shares
+
+if TYPE_CHECKING:
+    from tidepool.planning.profiler import Samples
 
 Say = Callable[[str], None]
 
@@ -34,6 +38,12 @@ class Measuring:
     seconds_per_point: float = SECONDS_PER_POINT
     max_latency_ms: float | None = None  # stop doubling past this p99
     memory_limit_bytes: int | None = None  # stop doubling past this total
+    inputs: Path | None = None  # real samples (.npz or .json) to measure on; None: generated ones
+
+    def samples(self, model_dir: Path) -> Samples | None:
+        from tidepool.planning.profiler import read_samples
+
+        return read_samples(self.inputs, model_dir) if self.inputs else None
 
     def profile(
         self,
@@ -63,6 +73,7 @@ class Measuring:
             trace_path=trace,
             progress=progress,
             known_output_difference=known_output_difference,
+            samples=self.samples(model_dir),
         )
 
 
@@ -127,15 +138,15 @@ def gather_profiles(settings: PlanSettings, say: Say = _silent, progress: Say = 
     splits = list(settings.threads_to_try) or (
         thread_splits(budgets.cores) if measuring.device == "cpu" else [budgets.cores]
     )
-    precisions = precisions_to_try(measuring.device, budgets.max_output_error)
+    precisions = precisions_to_try(measuring.device, budgets.quality)
     progress(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}")
     profiles, screens, graph_screen = profiles_to_plan(
-        model_dir, splits, precisions, budgets.max_output_error,
+        model_dir, splits, precisions, budgets.quality,
         lambda precision, threads, known, graph: measuring.profile(
             model_dir, precision, threads, graph, known_output_difference=known,
             latency_budget_ms=budgets.latency_ms, progress=progress,
         ),
-        device=measuring.device, progress=progress,
+        device=measuring.device, progress=progress, samples=measuring.samples(model_dir),
     )  # fmt: skip
     progress("")
     say(f"graph: {graph_screen.reason}")

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from tidepool.planning.profile import Profile, max_abs_difference
-from tidepool.planning.profiler import compare_outputs, differences, profiling_instance, request_rows
+from tidepool.planning.profiler import Samples, compare_outputs, differences, profiling_instance, request_rows
+from tidepool.planning.quality import QualityBudget, judge
 from tidepool.runtime.graph import GraphError
 from tidepool.runtime.instance import ModelInstance, Result
 
@@ -69,28 +70,32 @@ def _speedup(
     return float(np.median(rates[0]) / np.median(rates[1]))
 
 
+QUALITY_ROWS = 32  # rows of inputs the quality budget is measured over
+
+
 def screen_precision(
     model_dir: Path,
     device: str,
     precision: str,
-    max_output_error: float,
+    quality: QualityBudget,
     batch: int = 8,
     torch_threads: int | None = None,
     seconds: float = 2.0,
+    samples: Samples | None = None,
 ) -> PrecisionScreen:
-    """Its outputs against fp32's (over the budget: not kept), then its speed against fp32's at
-    `batch`, the two timed in turn (three rounds, so that drift falls on both)."""
-    low = profiling_instance(model_dir, [batch], device, precision, torch_threads)
-    full = profiling_instance(model_dir, [batch], device, "fp32", torch_threads)
+    """Its outputs against fp32's over QUALITY_ROWS rows (over the budget: not kept), then its speed
+    against fp32's at `batch`, the two timed in turn (three rounds, so that drift falls on both)."""
+    low = profiling_instance(model_dir, [batch], device, precision, torch_threads, samples=samples)
+    full = profiling_instance(model_dir, [batch], device, "fp32", torch_threads, samples=samples)
     try:
-        difference = differences(low, full, f"comparing {precision} with fp32", batch)
-        error = max_abs_difference(difference)
-        if error > max_output_error:
-            reason = f"outputs differ from fp32 by {error:.3g} > --max-output-error {max_output_error}"
+        difference = differences(low, full, f"comparing {precision} with fp32", QUALITY_ROWS)
+        within, measured = judge(difference, quality)
+        if not within:
+            reason = f"outputs against fp32: {measured}: over the budget"
             return PrecisionScreen(precision, difference, 0.0, batch, False, reason)
         speedup = _speedup(low, full, request_rows(full, batch, seed=batch), seconds)
         kept = speedup >= SPEEDUP_TO_KEEP
-        reason = f"outputs within {error:.3g} of fp32, {speedup:.2f}x its speed at batch {batch}" + (
+        reason = f"outputs against fp32: {measured}; {speedup:.2f}x its speed at batch {batch}" + (
             "" if kept else f" (< {SPEEDUP_TO_KEEP}x: not worth changing the numerics)"
         )
         return PrecisionScreen(precision, difference, speedup, batch, kept, reason)
@@ -122,15 +127,16 @@ def screen_graph(
     max_output_error: float,
     torch_threads: int | None = None,
     seconds: float = 2.0,
+    samples: Samples | None = None,
 ) -> GraphScreen:
     """Freeze the fp32 model (runtime/graph.py) and keep it where its outputs stay within the error
     budget or within what batching alone moves them by (a request's outputs already differ by
     that between a batch of one and a larger one), and it is faster (GRAPH_SPEEDUP_TO_KEEP)."""
-    eager = profiling_instance(model_dir, [GRAPH_BATCH], device, "fp32", torch_threads)
+    eager = profiling_instance(model_dir, [GRAPH_BATCH], device, "fp32", torch_threads, samples=samples)
     try:
         try:
             frozen = profiling_instance(
-                model_dir, [GRAPH_BATCH], device, "fp32", torch_threads, graph="frozen"
+                model_dir, [GRAPH_BATCH], device, "fp32", torch_threads, graph="frozen", samples=samples
             )
         except GraphError as exc:
             return GraphScreen("eager", float("inf"), 0.0, (0.0, 0.0), f"eager: {exc}")
@@ -164,10 +170,11 @@ def profiles_to_plan(
     model_dir: Path,
     splits: Sequence[int],
     precisions: Sequence[str],
-    max_output_error: float,
+    quality: QualityBudget,
     measure: Callable[[str, int, dict[str, float] | None, str], Profile],
     device: str = "cpu",
     progress: Callable[[str], None] = lambda text: None,
+    samples: Samples | None = None,
 ) -> tuple[list[Profile], list[PrecisionScreen], GraphScreen]:
     """The profiles a plan chooses from: fp32 at every split (torch threads per instance), and each
     lower precision at every split only where its screen (outputs within the budget, faster than
@@ -175,14 +182,16 @@ def profiles_to_plan(
     `measure(precision, threads, known output difference, graph)` takes one profile. Also the
     screens, to say why a precision or graph was left out."""
     progress(f"screening a frozen graph against eager ({splits[0]} threads)")
-    graph = screen_graph(model_dir, device, max_output_error, torch_threads=splits[0])
+    graph = screen_graph(model_dir, device, quality.max_abs, torch_threads=splits[0], samples=samples)
     progress(f"graph: {graph.reason}")
     screens = []
     for precision in precisions:
         if precision == "fp32":
             continue
         progress(f"screening {precision} against fp32 ({splits[0]} threads)")
-        screen = screen_precision(model_dir, device, precision, max_output_error, torch_threads=splits[0])
+        screen = screen_precision(
+            model_dir, device, precision, quality, torch_threads=splits[0], samples=samples
+        )
         progress(f"{precision}: {screen.reason}")
         screens.append(screen)
     kept = {s.precision: s.output_difference for s in screens if s.kept}
