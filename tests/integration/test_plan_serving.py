@@ -35,6 +35,10 @@ def edited_copy(model_dir, repository, name: str, max_batch_size=None, instances
     config = read_config(model_dir / "config.pbtxt")
     if max_batch_size is not None:
         config.max_batch_size = max_batch_size
+        # Triton refuses a preferred size above max_batch_size: whoever lowers it drops those too.
+        kept = [size for size in config.dynamic_batching.preferred_batch_size if size <= max_batch_size]
+        del config.dynamic_batching.preferred_batch_size[:]
+        config.dynamic_batching.preferred_batch_size.extend(kept)
     if instances is not None:
         set_instances(config, instances)  # as Model Analyzer writes it: one group of that count
     if delay_us is not None:

@@ -373,6 +373,9 @@ def test_a_quality_budget_in_the_users_terms_judges_the_outputs_it_names():
     ok, text = judge(measured, QualityBudget(min_cosine=0.999, output="E"))
     assert ok and text.startswith("cosine 0.99") and "--min-cosine 0.999" in text
     assert not judge(measured, QualityBudget(min_cosine=0.999))[0]  # every output: C's rows turned
+    only_e = {k: v for k, v in measured.items() if k.startswith("E_")}
+    assert judge(only_e, QualityBudget(min_cosine=0.999)) == (True, f"cosine {only_e['E_cosine_min']:.5f} "
+                                                               "(--min-cosine 0.999)")  # fmt: skip
     assert not judge(measured, QualityBudget(min_top1=0.99, output="C"))[0]
     assert judge(measured, QualityBudget(min_top1=0.99, output="E"))[0]
     assert (

@@ -117,7 +117,7 @@ def _round_mib(size: int) -> int:
 
 
 def _sample_bytes(spec: ModelSpec) -> int:
-    """Bytes of one sample's inputs and outputs (variable dimensions counted at their smallest)."""
+    """Bytes of one sample's inputs and outputs (variable dimensions at shape.<NAME>, else 1)."""
     return sum(math.prod(t.shape(None)) * t.dtype.itemsize for t in (*spec.inputs, *spec.outputs))
 
 

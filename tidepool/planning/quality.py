@@ -48,8 +48,7 @@ def row_measures(ours: np.ndarray, reference: np.ndarray) -> dict[str, float]:
 def judge(difference: Mapping[str, float], budget: QualityBudget) -> tuple[bool, str]:
     """Whether measured differences (profiler.compare_outputs' keys) meet the budget, and what
     was measured against what."""
-    outputs = sorted({key.rsplit("_", 1)[0].removesuffix("_cosine") for key in difference
-                      if key.endswith("_max_abs")})  # fmt: skip
+    outputs = sorted(key.removesuffix("_max_abs") for key in difference if key.endswith("_max_abs"))
     judged: Sequence[str] = [budget.output] if budget.output else outputs
     checks = []
     if budget.min_cosine is not None:
