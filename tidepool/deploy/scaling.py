@@ -1,9 +1,11 @@
-"""The signal a HorizontalPodAutoscaler scales Tidepool pods on: per pod, the time requests waited
-in Triton's queues over the time they computed, summed over the pod's models (so each model counts
-by the time it takes, not one vote each). Near 0 while instances take requests as they come; it
-crosses 1 when a request waits as long as it computes, which is when another replica would cut its
-latency. Computed here from two scrapes of /metrics exactly as the prometheus-adapter rule computes
-it from Prometheus, so a test can read it off a real server."""
+"""The signals a HorizontalPodAutoscaler scales Tidepool pods on. One grows with load from the
+first request: the pod's CPU against its request (a Resource metric, no adapter needed). The other
+guards saturation, per model: the time its requests waited in Triton's queue over the time they
+computed. Near 0 while instances take requests as they come, it crosses 1 when a request waits as
+long as it computes; alone it stays near 0 until a pod saturates and then climbs steeply, so an HPA
+on it alone swings between too few pods and too many. Computed here from two scrapes of /metrics
+exactly as the prometheus-adapter rule computes it from Prometheus, so a test can read it off a real
+server."""
 
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ class AdapterRule:
     window: str = RATE_WINDOW
 
     def query(self) -> str:
+        # By pod and model: an HPA metric selects one model's series (`selector: model: NAME`), so
+        # a heavy model cannot hide a light model's queue behind its long compute.
         def rate(counter: str) -> str:
-            return f"sum(rate({counter}{{<<.LabelMatchers>>}}[{self.window}])) by (<<.GroupBy>>)"
+            return f"sum(rate({counter}{{<<.LabelMatchers>>}}[{self.window}])) by (<<.GroupBy>>, model)"
 
         return f"{rate(QUEUE_US)} / clamp_min({rate(COMPUTE_US)}, {MIN_COMPUTE_US_PER_S:g})"
 
@@ -42,15 +46,19 @@ class AdapterRule:
         }
 
 
-def _total(samples: list[Sample], name: str) -> float:
-    return sum(sample.value for sample in samples if sample.name == name)
+def _total(samples: list[Sample], name: str, model: str | None) -> float:
+    return sum(
+        s.value for s in samples if s.name == name and (model is None or s.labels.get("model") == model)
+    )
 
 
-def queue_to_compute_ratio(before: list[Sample], after: list[Sample], elapsed_s: float) -> float:
-    """SIGNAL for one pod between two scrapes of its /metrics, `elapsed_s` apart: what the adapter
-    rule's rate() ratio gives over that window."""
+def queue_to_compute_ratio(
+    before: list[Sample], after: list[Sample], elapsed_s: float, model: str | None = None
+) -> float:
+    """SIGNAL for one pod (one of its models, or all together) between two scrapes of its
+    /metrics, `elapsed_s` apart: what the adapter rule's rate() ratio gives over that window."""
     if elapsed_s <= 0:
         raise ValueError("the scrapes must be apart in time")
-    queue = (_total(after, QUEUE_US) - _total(before, QUEUE_US)) / elapsed_s
-    compute = (_total(after, COMPUTE_US) - _total(before, COMPUTE_US)) / elapsed_s
+    queue = (_total(after, QUEUE_US, model) - _total(before, QUEUE_US, model)) / elapsed_s
+    compute = (_total(after, COMPUTE_US, model) - _total(before, COMPUTE_US, model)) / elapsed_s
     return queue / max(compute, MIN_COMPUTE_US_PER_S)

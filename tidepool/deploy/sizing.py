@@ -18,6 +18,10 @@ MIB = 2**20
 # Measured here (2026-12-06, torch 2.13 CPU): an idle stub with torch imported and the encoder
 # loaded is 307-329 MiB resident, ~33 MiB of which are its weights; tritonserver itself 43 MiB.
 STUB_BYTES = 300 * MIB
+# A stub on a GPU instance also holds the CUDA build's host side (its libraries and the context's
+# host memory: ~120 MiB is reported for a context with lazy module loading); not yet measured here,
+# so counted twice over. A CPU plan's image installs torch's CPU build, the one STUB_BYTES measured.
+CUDA_HOST_BYTES = 256 * MIB
 SERVER_BYTES = 256 * MIB  # the server, its HTTP/gRPC buffers, and room for a CUDA image's libraries
 # The Python backend gives each stub a 1 MiB shared-memory region and grows it by 1 MiB as tensors
 # need; requests and responses in flight, twice over for the growth. Kubernetes' default /dev/shm
@@ -56,11 +60,17 @@ class ModelNeeds:
     @property
     def request_bytes(self) -> int:
         working = max(self.pool_initial_bytes, self.execution_bytes)
-        return self.instances * (STUB_BYTES + self.static_bytes + working)
+        return self.instances * (STUB_BYTES + self.static_bytes + working) + self.cuda_host_bytes
 
     @property
     def limit_bytes(self) -> int:
-        return self.instances * (STUB_BYTES + self.static_bytes + self.pool_limit_bytes)
+        return (
+            self.instances * (STUB_BYTES + self.static_bytes + self.pool_limit_bytes) + self.cuda_host_bytes
+        )
+
+    @property
+    def cuda_host_bytes(self) -> int:
+        return self.gpu_instances * CUDA_HOST_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,9 @@ class PodNeeds:
             f"planned for {m.cores} cores; per instance {STUB_BYTES // MIB} MiB stub + "
             f"{m.static_bytes / MIB:.0f} MiB weights + an execution {m.execution_bytes / MIB:.0f} MiB (pool "
             f"{m.pool_initial_bytes / MIB:.0f} MiB at start), "
-            f"{m.pool_limit_bytes / MIB:.0f} MiB at most" + "".join(f"; {note}" for note in m.notes)
+            f"{m.pool_limit_bytes / MIB:.0f} MiB at most"
+            + (f"; CUDA's host side {CUDA_HOST_BYTES // MIB} MiB per GPU instance" if m.gpu_instances else "")
+            + "".join(f"; {note}" for note in m.notes)
             for m in self.models
         ]
         lines.append(
