@@ -1,16 +1,73 @@
 """The measuring tools against a real server: the sweep, and Locust (each user class,
-distributed, and a run that fails)."""
+distributed, and a run that fails); both spread over several addresses, here the server's own and
+a TCP forwarder's in front of it (as two pods with no request-level balancer)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 
 from tidepool.clients.locust_run import LoadSettings, RequestLog, run_load
 from tidepool.clients.sweep import Sweep, SweepSettings
+
+
+class Forwarder:
+    """A loopback TCP port that forwards each connection to `target`, counting the bytes sent to it
+    (gRPC shares one connection among a process's channels to one address: counting connections
+    would say nothing)."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sent = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            upstream = socket.create_connection(self.target)
+            for source, sink, counted in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(source, sink, counted), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+                if counted:
+                    self.sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+
+@pytest.fixture
+def forwarder(server) -> Iterator[Forwarder]:
+    forwarding = Forwarder(server.config.grpc_url)
+    yield forwarding
+    forwarding.listener.close()
+
+
+def test_a_sweep_over_two_addresses_sends_through_both(server, forwarder):
+    both = f"{server.config.grpc_url},{forwarder.address}"
+    settings = SweepSettings("encoder", url=both, concurrency=(4,), window_s=1.0, warmup_s=0.5, max_windows=2)
+    [level] = Sweep(settings).run()
+    assert level.errors == 0 and level.requests > 0 and level.compute_infer_us > 0
+    # Two of the four workers send through the forwarder, each request 1 KiB of token ids; only the
+    # statistics' calls would if every worker went to the first address.
+    assert forwarder.sent > level.requests / 4 * 1024
 
 
 def test_a_short_sweep_returns_sane_figures(server):
@@ -42,8 +99,9 @@ def test_an_open_loop_sweep_sends_on_its_schedule_whatever_the_answers(server):
     assert level.errors == 0 and abs(level.requests - 80) <= 2 and level.windows == 2
 
 
-def test_each_locust_user_class_records_requests_and_no_failures(server, tmp_path):
-    for protocol, url in (("grpc", server.config.grpc_url), ("http", server.config.http_url)):
+def test_each_locust_user_class_records_requests_and_no_failures(server, forwarder, tmp_path):
+    grpc_both = f"{server.config.grpc_url},{forwarder.address}"  # two of the four users each
+    for protocol, url in (("grpc", grpc_both), ("http", server.config.http_url)):
         summary = run_load(
             LoadSettings("encoder", users=4, spawn_rate=4, duration="15s", protocol=protocol, url=url,
                          report_dir=tmp_path / protocol)
@@ -51,6 +109,7 @@ def test_each_locust_user_class_records_requests_and_no_failures(server, tmp_pat
         assert summary.requests > 100 and summary.failures == 0, protocol
         assert summary.verdict(p99_bound_ms=None) == []
         assert (tmp_path / protocol / "report.html").is_file()
+    assert forwarder.sent > 50 * 1024  # of more than 100 requests of 1 KiB, two users' share
 
 
 def test_a_distributed_run_records_requests_from_both_workers(server, tmp_path):

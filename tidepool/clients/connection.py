@@ -40,6 +40,17 @@ def server_address(text: str, default_protocol: str = "http") -> tuple[str, str]
     return protocol, address
 
 
+def addresses(urls: str | None) -> list[str | None]:
+    """`--url A,B,...` -> the addresses a load tool spreads its connections over, in turn (several
+    pods behind no request-level balancer); [None], the protocol's default address, when none."""
+    if not urls:
+        return [None]
+    found = [url.strip() for url in urls.split(",") if url.strip()]
+    if not found:
+        raise TidepoolError(f"{urls!r}: expected HOST:PORT, or several separated by commas")
+    return list(found)
+
+
 def is_transient(error: Exception) -> bool:
     """Errors a retry can outlive: the server unreachable, unavailable, or reloading the model."""
     if not isinstance(error, InferenceServerException):

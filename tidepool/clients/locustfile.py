@@ -10,7 +10,8 @@ Chosen by environment (set by `tidepool load`, or by hand):
   TIDEPOOL_WORKER_REPORT  file where the master writes the requests each worker sent
   TIDEPOOL_REQUEST_LOG  folder where each process writes every request it sent (requests-<pid>.csv:
                         finished at, Unix s; response time ms; ok), for figures over any window
---host is the server address (host:port of gRPC or HTTP).
+--host is the server address (host:port of gRPC or HTTP), or several separated by commas: the users
+take them in turn (several pods with no request-level balancer in front).
 
     TIDEPOOL_MODEL=encoder locust -f loadtests/locustfile.py --host 127.0.0.1:8001 TritonGrpcUser
 """
@@ -21,6 +22,7 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # before any channel exists: gRPC then yields to other greenlets
 
+import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
@@ -30,7 +32,7 @@ from typing import TextIO  # noqa: E402
 
 from locust import LoadTestShape, User, events, task  # noqa: E402
 
-from tidepool.clients.connection import Connection  # noqa: E402
+from tidepool.clients.connection import Connection, addresses  # noqa: E402
 from tidepool.inputs import load_inputs, random_inputs  # noqa: E402
 
 __all__ = ["TritonGrpcUser", "TritonHttpUser"]  # and StepLoad, when a step load is asked for
@@ -38,6 +40,9 @@ __all__ = ["TritonGrpcUser", "TritonHttpUser"]  # and StepLoad, when a step load
 
 class TritonRequestFailed(Exception):
     """A failed inference as Locust reports it: the server's own message, not a bare class name."""
+
+
+_users_started = itertools.count()
 
 
 class TritonUser(User):
@@ -48,8 +53,11 @@ class TritonUser(User):
         self.model = os.environ.get("TIDEPOOL_MODEL", "")
         if not self.model:
             raise RuntimeError("set TIDEPOOL_MODEL to the model to load")
-        host = (self.host or "").removeprefix("http://").removeprefix("grpc://")
-        self.connection = Connection.open(self.protocol, host or None)
+        hosts = addresses(self.host)
+        host = hosts[next(_users_started) % len(hosts)]
+        # Locust's web page asks for a URL: its scheme says nothing here (the user class does).
+        host = host.removeprefix("http://").removeprefix("grpc://") if host else None
+        self.connection = Connection.open(self.protocol, host)
         self.spec = self.connection.model_spec(self.model)
         data = os.environ.get("TIDEPOOL_INPUT_DATA")
         batch = int(os.environ.get("TIDEPOOL_BATCH", "1"))

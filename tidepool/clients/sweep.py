@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 
 from tidepool.clients.aio_workers import Outcome, Worker
-from tidepool.clients.connection import Connection
+from tidepool.clients.connection import Connection, addresses
 from tidepool.errors import TidepoolError
 from tidepool.extras import pyplot
 from tidepool.inputs import describe_generated, load_inputs, random_inputs
@@ -135,6 +135,19 @@ def rotated(items: Sequence[T], turn: int) -> list[T]:
     return [*items[start:], *items[:start]]
 
 
+def _summed(stats: list[dict]) -> dict:
+    """Triton's statistics of one model from several servers, counts and times added up."""
+    if len(stats) == 1:
+        return stats[0]
+    summed: dict = {}
+    for key, value in stats[0].items():
+        if isinstance(value, dict):
+            summed[key] = _summed([other.get(key, {}) for other in stats])
+        elif key in ("count", "ns", "inference_count", "execution_count"):
+            summed[key] = sum(float(other.get(key, 0)) for other in stats)
+    return summed
+
+
 def _window_figures(outcome: Outcome, seconds: float, batch: int) -> tuple[float, float]:
     throughput = len(outcome.latencies_ms) * batch / seconds if seconds else 0.0
     p99 = float(np.percentile(outcome.latencies_ms, 99)) if outcome.latencies_ms else float("inf")
@@ -149,7 +162,12 @@ class Sweep:
     def __init__(self, settings: SweepSettings, progress=None) -> None:
         self.settings = settings
         self.progress = progress or (lambda text: None)
-        self.connection = Connection.open(settings.protocol, settings.url)
+        self.urls = addresses(settings.url)
+        if settings.shared_memory and len(self.urls) > 1:
+            raise SweepError("--shared-memory needs one server on this machine, not several addresses")
+        # One per address, for the servers' statistics; the first also says what the model takes.
+        self.connections = [Connection.open(settings.protocol, url) for url in self.urls]
+        self.connection = self.connections[0]
         self.spec = self.connection.model_spec(settings.model)
         if settings.input_file:
             self.inputs = load_inputs(settings.input_file, self.spec)
@@ -169,7 +187,8 @@ class Sweep:
                     raise SweepError(self._all_failed(mode, level, result.errors, result.first_error))
                 results.append(result)
         finally:
-            self.connection.close()
+            for connection in self.connections:
+                connection.close()
         return results
 
     def _all_failed(self, mode: str, level: float, errors: int, first: str) -> str:
@@ -182,15 +201,24 @@ class Sweep:
         return f"every request failed at {mode} {level:g} ({errors} of them), e.g. {first!r}; {sent}"
 
     def _stats(self) -> dict:
-        return self.connection.statistics(self.settings.model)["model_stats"][0]
+        """The model's statistics summed over every address: the split is of all the requests sent."""
+        return _summed([c.statistics(self.settings.model)["model_stats"][0] for c in self.connections])
 
     async def _level(self, mode: str, level: float, tag: str) -> LevelResult:
         s = self.settings
         workers_needed = int(level) if mode == "concurrency" else min(256, max(4, int(level)))
         sync = self.connection.client if s.shared_memory else None
-        workers = [
-            Worker(s.protocol, s.url, s.model, self.spec, self.inputs, s.shared_memory, sync)
-            for _ in range(workers_needed)
+        workers = [  # spread over the addresses in turn
+            Worker(
+                s.protocol,
+                self.urls[n % len(self.urls)],
+                s.model,
+                self.spec,
+                self.inputs,
+                s.shared_memory,
+                sync,
+            )
+            for n in range(workers_needed)
         ]
         try:
             warmup, _ = await self._window(mode, level, workers, s.warmup_s)

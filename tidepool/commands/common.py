@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from tidepool.planning.run import Measuring
 
 
+URL_HELP = (
+    "server address, or several separated by commas, which the connections take in turn "
+    "(default: 127.0.0.1:8001 gRPC, :8000 HTTP)"
+)
+
+
 def progress_printer(text: str) -> None:
     """Progress of long work on stderr: one line rewritten in place on a terminal."""
     end = "\r" if sys.stderr.isatty() else "\n"

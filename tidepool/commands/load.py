@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import duration
+from tidepool.commands.common import URL_HELP, duration
 
 
 def add(commands: Any) -> None:
@@ -17,7 +17,10 @@ def add(commands: Any) -> None:
     load.add_argument("--spawn-rate", type=float, default=8.0, help="users started per second")
     load.add_argument("--duration", type=duration, default=60.0, help="e.g. 60s, 5m (default: 60s)")
     load.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
-    load.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    load.add_argument(
+        "--url",
+        help=URL_HELP,
+    )
     load.add_argument("--p99-ms", type=float, help="fail when p99 latency is above this bound")
     load.add_argument(
         "--workers", type=int, default=0, help="run Locust distributed: one master and N worker processes"

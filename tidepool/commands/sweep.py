@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import duration, progress_printer
+from tidepool.commands.common import URL_HELP, duration, progress_printer
 
 
 def add(commands: Any) -> None:
@@ -15,7 +15,10 @@ def add(commands: Any) -> None:
     )
     sweep.add_argument("model")
     sweep.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
-    sweep.add_argument("--url", help="server address (default: 127.0.0.1:8001 gRPC, :8000 HTTP)")
+    sweep.add_argument(
+        "--url",
+        help=URL_HELP,
+    )
     sweep.add_argument(
         "--concurrency",
         default="1:32:x2",
