@@ -221,7 +221,14 @@ def test_the_adapter_rule_is_helm_values_for_the_adapters_own_namespace():
     values = yaml.safe_load(texts["monitoring/prometheus-adapter-values.yaml"])
     # Values of the adapter's chart, not an object in the app's namespace, where the adapter never
     # reads; its header says to install it into the adapter's namespace.
-    assert set(values) == {"rules"} and values["rules"]["default"] is False
+    assert set(values) == {"rules", "prometheus"} and values["rules"]["default"] is False
+    # kube-prometheus-stack's Prometheus under its default release name; another release: none.
+    assert values["prometheus"] == {
+        "url": "http://kube-prometheus-stack-prometheus.monitoring.svc",
+        "port": 9090,
+    }
+    other = Renderer(needs, DeploySettings(prometheus_release="prom")).adapter_values()
+    assert "prometheus" not in other
     assert "shop" not in texts["monitoring/prometheus-adapter-values.yaml"]
     assert "helm upgrade --install prometheus-adapter" in texts["monitoring/prometheus-adapter-values.yaml"]
     assert yaml.safe_load(texts["deployment.yaml"])["metadata"]["namespace"] == "shop"

@@ -285,39 +285,39 @@ class Sweep:
 
             await asyncio.gather(*(loop(w) for w in workers))
         else:
-            await self._open_loop(level, workers, deadline, outcome)
+            await open_loop(level, workers, deadline, outcome)
         return outcome, time.perf_counter() - began
 
-    @staticmethod
-    async def _open_loop(rate: float, workers: list[Worker], deadline: float, outcome: Outcome) -> None:
-        """Requests at a constant rate, whether or not earlier ones were answered; a request that
-        finds every worker busy is counted as an error (the generator would have to queue it)."""
-        idle: asyncio.Queue[Worker] = asyncio.Queue()
-        for worker in workers:
+
+async def open_loop(rate: float, workers: list[Worker], deadline: float, outcome: Outcome) -> None:
+    """Requests at a constant rate, whether or not earlier ones were answered; a request that
+    finds every worker busy is counted as an error (the generator would have to queue it)."""
+    idle: asyncio.Queue[Worker] = asyncio.Queue()
+    for worker in workers:
+        idle.put_nowait(worker)
+    pending: set[asyncio.Task] = set()
+
+    async def fire(worker: Worker) -> None:
+        try:
+            await worker.send(outcome)
+        finally:
             idle.put_nowait(worker)
-        pending: set[asyncio.Task] = set()
 
-        async def fire(worker: Worker) -> None:
-            try:
-                await worker.send(outcome)
-            finally:
-                idle.put_nowait(worker)
-
-        interval = 1.0 / rate
-        next_send = time.perf_counter()
-        while next_send < deadline:
-            delay = next_send - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if idle.empty():
-                outcome.errors.append("generator: every worker busy; the server is not keeping up")
-            else:
-                task = asyncio.ensure_future(fire(idle.get_nowait()))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-            next_send += interval
-        if pending:
-            await asyncio.gather(*pending)
+    interval = 1.0 / rate
+    next_send = time.perf_counter()
+    while next_send < deadline:
+        delay = next_send - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if idle.empty():
+            outcome.errors.append("generator: every worker busy; the server is not keeping up")
+        else:
+            task = asyncio.ensure_future(fire(idle.get_nowait()))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        next_send += interval
+    if pending:
+        await asyncio.gather(*pending)
 
 
 # (field, header, width, format) of the printed table

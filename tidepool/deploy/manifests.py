@@ -34,10 +34,14 @@ PRESTOP_PAUSE_S = 5
 TRITON_UID = 1000
 PLACEHOLDER_IMAGE = f"REGISTRY/tidepool-tritonserver:{__version__}"
 CPU_TARGET_PERCENT = 60  # the HPA keeps the pods' CPU under this share of their request
+DEFAULT_RELEASE = "kube-prometheus-stack"
+# The Prometheus Service kube-prometheus-stack makes when installed under its default release name.
+DEFAULT_PROMETHEUS = {"url": "http://kube-prometheus-stack-prometheus.monitoring.svc", "port": 9090}
 ADAPTER_HEADER = [
     "Helm values of prometheus-community/prometheus-adapter, installed in its own namespace:",
-    "helm upgrade --install prometheus-adapter prometheus-community/prometheus-adapter -n monitoring",
-    "  -f THIS_FILE --set prometheus.url=http://PROMETHEUS-SERVICE.monitoring.svc (docs/deploy.md)",
+    "  helm upgrade --install prometheus-adapter prometheus-community/prometheus-adapter \\",
+    "    -n monitoring -f THIS_FILE",
+    "another Prometheus: --set prometheus.url=http://ITS-SERVICE.ITS-NAMESPACE.svc (docs/deploy.md)",
 ]
 
 
@@ -53,7 +57,7 @@ class DeploySettings:
     cpu_target_percent: int = CPU_TARGET_PERCENT
     namespace: str | None = None
     # kube-prometheus-stack selects PodMonitors by `release: <its Helm release>`.
-    prometheus_release: str = "kube-prometheus-stack"
+    prometheus_release: str = DEFAULT_RELEASE
     pod_start_s: int = 60  # from a new pod's start to its models serving (benchmarks/autoscale.py)
 
     def __post_init__(self) -> None:
@@ -299,7 +303,10 @@ class Renderer:
     def adapter_values(self) -> dict[str, Any]:
         """prometheus-adapter's Helm values that serve SIGNAL per pod and model, installed in the
         adapter's own namespace (it reads its rules only from there)."""
-        return {"rules": {"default": False, "custom": [AdapterRule().as_dict()]}}
+        values: dict[str, Any] = {"rules": {"default": False, "custom": [AdapterRule().as_dict()]}}
+        if self.settings.prometheus_release == DEFAULT_RELEASE:
+            values["prometheus"] = dict(DEFAULT_PROMETHEUS)
+        return values
 
     def files(self) -> dict[str, Any]:
         """File name -> what it holds; monitoring/ needs the Prometheus operator's CRDs or goes to

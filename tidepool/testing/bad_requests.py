@@ -1,5 +1,9 @@
 """The bad requests the reliability tests send, each as a function that sends it over one
-protocol and returns the server's error text (or raises AssertionError if it was served)."""
+protocol and returns the server's error text (or raises AssertionError if it was served). Run as a
+module, it prints every case's error from a server it starts, as the table in docs/operations.md:
+
+    .venv/bin/python -m tidepool.testing.bad_requests
+"""
 
 from __future__ import annotations
 
@@ -182,3 +186,28 @@ CASES = [
     BadCase("malformed body", ("parse",), malformed_body),  # HTTP: failed to parse; gRPC: unable to
     BadCase("far larger than any input", ("{input}",), far_too_large),
 ]
+
+
+def print_table() -> None:
+    """Every case against both example models over HTTP and gRPC: the error seen, shortened."""
+    import tempfile
+    from pathlib import Path
+
+    from tidepool.launcher.server import ServerConfig, TritonServer
+    from tidepool.testing import linked_repository
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = ServerConfig.on_free_ports(linked_repository(Path(tmp)))
+        with TritonServer(config) as server:
+            print("| case | protocol | model | error seen |\n| --- | --- | --- | --- |")
+            for case in CASES:
+                for protocol, url in (("http", config.http_url), ("grpc", config.grpc_url)):
+                    with Connection.open(protocol, url) as connection:
+                        for model in sorted(MODELS):
+                            error = " ".join(case.send(connection, model).split())[:150].replace("|", "/")
+                            print(f"| {case.name} | {protocol} | {model} | {error} |")
+            assert server.is_ready(), "the server stopped serving after the bad requests"
+
+
+if __name__ == "__main__":
+    print_table()
