@@ -47,7 +47,7 @@ ALLOWED = {
     },
     "launcher": {"errors", "ports", "machine", "configfile", "spec", "processes"},
     "clients": {"errors", "spec", "inputs", "ports", "configfile", "extras"},
-    "testing": {"configfile", "clients", "inputs", "spec"},
+    "testing": {"configfile", "clients", "inputs", "spec", "launcher"},  # bad_requests starts a server
     # deploy: manifests from planned configs (reads them, never plans), and the scaling signal.
     "deploy": {"errors", "spec", "parameters", "configfile", "clients"},
     # extras: optional packages asked for by name, with how to install them.
