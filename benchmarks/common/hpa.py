@@ -2,7 +2,8 @@
 signals are a function of its load, for benchmarks/autoscale.py: the HPA object is read as
 `tidepool deploy-manifests` renders it (metrics, min/max, behavior), and the controller's rules
 are the documented ones: every sync, per metric ceil(ready pods x value / target) unless within the
-tolerance; pods still starting count as reading 0 when scaling up; the largest proposal wins;
+tolerance; pods without a sample (starting, or just ready) read 0 when scaling out and the target
+when scaling in; the largest proposal wins;
 stabilization windows keep the highest recent proposal before scaling in and the lowest before
 scaling out; rate policies limit the change per period from the count at the period's start."""
 
