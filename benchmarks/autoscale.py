@@ -123,8 +123,8 @@ async def offered(
 
 
 def measure_pod(window_s: float) -> Pod:
-    models = sorted(m.name for m in pod_needs(MODEL_REPOSITORY).models)
-    cores = pod_needs(MODEL_REPOSITORY).cores
+    needs = pod_needs(MODEL_REPOSITORY)
+    models, cores = sorted(m.name for m in needs.models), needs.cores
     budgets = {m: latency_budget_ms(m) for m in models}
     with tempfile.TemporaryDirectory() as tmp:
         config = ServerConfig.on_free_ports(linked_repository(Path(tmp)))

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common.in_turn import spread
+from benchmarks.common.subcommands import run_subcommand
 from tidepool.clients.closed_loop import LoadResult, run_closed_loop
 from tidepool.clients.connection import Connection
 from tidepool.clients.locust_run import LoadSettings, LoadSummary, RequestLog, run_load
@@ -298,12 +299,7 @@ def main_reload() -> None:
 
 
 def main() -> None:
-    commands = {"replan": main_replan, "reload": main_reload}
-    if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(__doc__)
-    command = sys.argv.pop(1)
-    sys.argv[0] = f"{sys.argv[0]} {command}"
-    commands[command]()
+    run_subcommand({"replan": main_replan, "reload": main_reload}, __doc__ or "")
 
 
 if __name__ == "__main__":

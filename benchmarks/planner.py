@@ -34,6 +34,7 @@ from pathlib import Path
 
 from benchmarks.common.in_turn import Target, in_turn, spread, sweep, throughputs
 from benchmarks.common.plain_backend import PLAIN_DELAY_US, plain_model
+from benchmarks.common.subcommands import run_subcommand
 from tidepool.clients.connection import Connection
 from tidepool.clients.sweep import LevelResult, Sweep, SweepSettings
 from tidepool.configfile import ModelConfig, as_dict, copy_model, read_config, set_instances
@@ -339,12 +340,7 @@ def main_time() -> None:
 
 
 def main() -> None:
-    commands = {"grid": main_grid, "time": main_time}
-    if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(__doc__)
-    command = sys.argv.pop(1)
-    sys.argv[0] = f"{sys.argv[0]} {command}"
-    commands[command]()
+    run_subcommand({"grid": main_grid, "time": main_time}, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ URL_HELP = (
 )
 
 
+def add_samples_option(parser: argparse.ArgumentParser) -> None:
+    """--inputs FILE (alias --input-data) of the load tools, into `args.input_data`."""
+    parser.add_argument(
+        "--inputs", "--input-data", dest="input_data", metavar="FILE",
+        help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
+    )  # fmt: skip
+
+
 def progress_printer(text: str) -> None:
     """Progress of long work on stderr: one line rewritten in place on a terminal."""
     end = "\r" if sys.stderr.isatty() else "\n"

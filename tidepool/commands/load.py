@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import URL_HELP, duration
+from tidepool.commands.common import URL_HELP, add_samples_option, duration
 
 
 def add(commands: Any) -> None:
@@ -27,10 +27,7 @@ def add(commands: Any) -> None:
     )
     load.add_argument("--report-dir", help="default: a new timestamped folder under ./reports/")
     load.add_argument("--batch", type=int, default=1, help="rows per request")
-    load.add_argument(
-        "--inputs", "--input-data", dest="input_data", metavar="FILE",
-        help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
-    )  # fmt: skip
+    add_samples_option(load)
     load.add_argument(
         "--step-users",
         metavar="N|U1,U2,...",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import URL_HELP, duration, progress_printer
+from tidepool.commands.common import URL_HELP, add_samples_option, duration, progress_printer
 
 
 def add(commands: Any) -> None:
@@ -44,10 +44,7 @@ def add(commands: Any) -> None:
         default=5,
         help="windows per level until two agree within 10%% (default: %(default)s)",
     )
-    sweep.add_argument(
-        "--inputs", "--input-data", dest="input_data", metavar="FILE",
-        help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
-    )  # fmt: skip
+    add_samples_option(sweep)
     sweep.add_argument(
         "--shared-memory",
         action="store_true",
