@@ -91,3 +91,66 @@ def load_inputs(path: str | Path, model: ModelSpec) -> dict[str, np.ndarray]:
     if missing:
         raise InputFileError(f"{path}: no data for input(s) {', '.join(missing)}")
     return {spec.name: np.asarray(raw[spec.name], dtype=spec.dtype) for spec in model.inputs}
+
+
+def load_requests(path: str | Path, model: ModelSpec) -> list[dict[str, np.ndarray]]:
+    """Requests from a file, for the load tools and the planner:
+    - a JSON list of per-request objects, {"NAME": nested list}, each with or without its batch
+      dimension (text traffic: each request of its own length);
+    - an .npz with a `lengths` array beside the inputs: row i cut back to lengths[i] along each
+      variable input's first -1 dim (rows padded to one length, as a tokenizer writes them);
+    - otherwise (load_inputs) one request of all the file's rows."""
+    path = Path(path)
+    if path.suffix == ".json":
+        raw = json.loads(path.read_text())
+        if isinstance(raw, list):
+            if not raw or not all(isinstance(item, dict) for item in raw):
+                raise InputFileError(
+                    f"{path}: a JSON list must hold one object per request, input name -> values"
+                )
+            return [_one_request(item, model, f"{path}: request {i}") for i, item in enumerate(raw)]
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as data:
+            if "lengths" in data.files:
+                return _cut_rows({name: data[name] for name in data.files}, model, path)
+    return [load_inputs(path, model)]
+
+
+def _one_request(item: dict, model: ModelSpec, where: str) -> dict[str, np.ndarray]:
+    missing = [spec.name for spec in model.inputs if spec.name not in item]
+    if missing:
+        raise InputFileError(f"{where}: no data for input(s) {', '.join(missing)}")
+    request = {}
+    for spec in model.inputs:
+        array = np.asarray(item[spec.name], dtype=spec.dtype)
+        if model.batched and array.ndim == len(spec.dims):
+            array = array[np.newaxis]  # one request of one row
+        request[spec.name] = array
+    return request
+
+
+def _cut_rows(data: dict[str, np.ndarray], model: ModelSpec, path: Path) -> list[dict[str, np.ndarray]]:
+    lengths = data.pop("lengths").astype(int).ravel()
+    missing = [spec.name for spec in model.inputs if spec.name not in data]
+    if missing:
+        raise InputFileError(f"{path}: no data for input(s) {', '.join(missing)}")
+    requests = []
+    for row, length in enumerate(lengths):
+        if length < 1:
+            raise InputFileError(
+                f"{path}: lengths[{row}] is {length}; every request needs at least one token"
+            )
+        request = {}
+        for spec in model.inputs:
+            array = np.asarray(data[spec.name][row : row + 1], dtype=spec.dtype)
+            if spec.variable:
+                axis = 1 + spec.dims.index(-1)
+                if length > array.shape[axis]:
+                    raise InputFileError(
+                        f"{path}: lengths[{row}] is {length}, but {spec.name} holds "
+                        f"{array.shape[axis]} positions"
+                    )
+                array = np.ascontiguousarray(np.take(array, range(length), axis=axis))
+            request[spec.name] = array if model.batched else array[0]
+        requests.append(request)
+    return requests

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from tidepool.spec import ConfigError, parse_bytes, positive_ints
+from tidepool.spec import ConfigError, LengthMix, parse_bytes, positive_ints
 
 Value = TypeVar("Value")
 
@@ -225,6 +225,56 @@ POOL_RETAIN_HEAP: Parameter[bool] = Parameter(
     "POOL_RETAIN_HEAP", True, boolean,
     "keep torch's freed CPU memory in the process for the next execution", write_value=write_boolean,
 )  # fmt: skip
+
+
+def names(text: str, where: str) -> tuple[str, ...]:
+    found = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not found:
+        raise ConfigError(f"{where}: expected input names separated by commas, got {text!r}")
+    return found
+
+
+LENGTH_GROUPINGS = ("auto", "pad", "exact")
+
+SEQUENCE_INPUTS: Parameter[tuple[str, ...] | None] = Parameter(
+    "SEQUENCE_INPUTS", None, names,
+    "inputs that share one sequence axis (their first `-1` dim): a request's lengths must agree, and "
+    "requests of different lengths are padded together along it (docs/planning.md, text traffic)",
+    "every input with a `-1` dim", write_value=lambda value: ",".join(value or ()),
+)  # fmt: skip
+MAX_SEQUENCE_LENGTH: Parameter[int | None] = Parameter(
+    "MAX_SEQUENCE_LENGTH", None, at_least(1),
+    "the longest sequence served (e.g. the model's position embeddings); a longer one is refused "
+    "with a message that names the limit",
+)  # fmt: skip
+LENGTH_GROUPING: Parameter[str] = Parameter(
+    "LENGTH_GROUPING", "auto", one_of(*LENGTH_GROUPINGS),
+    "requests of different lengths in one execution (`allow_ragged_batch: true`): `pad` runs them "
+    "together padded on the right to a bucket, token-level outputs cut back to each length; `exact` "
+    "runs each length as its own pass; `auto` pads where a check at load finds every output the same "
+    "padded as alone, else exact",
+)  # fmt: skip
+LENGTH_BUCKET: Parameter[int] = Parameter(
+    "LENGTH_BUCKET", 16, at_least(1),
+    "a pass of several lengths is padded to a multiple of this (at most MAX_SEQUENCE_LENGTH), so "
+    "passes take few shapes",
+)  # fmt: skip
+MAX_BATCH_TOKENS: Parameter[int | None] = Parameter(
+    "MAX_BATCH_TOKENS", None, at_least(1),
+    "the padded tokens (rows x padded length) one pass may take: more run as several passes, so a "
+    "long request does not make short ones wait in a pass of 16 x 512",
+)  # fmt: skip
+PASS_COST_TOKENS: Parameter[int] = Parameter(
+    "PASS_COST_TOKENS", 32, at_least(0),
+    "what one more pass costs, in padded tokens: requests of different lengths share a pass unless "
+    "padding them together costs more than a pass of their own (`tidepool plan` measures it)",
+)  # fmt: skip
+LENGTH_MIX: Parameter[LengthMix | None] = Parameter(
+    "LENGTH_MIX", None, LengthMix.parse,
+    "the sequence lengths traffic has: `64`, `8..512` (uniform) or shares, `8..64:0.7,65..512:0.3`; "
+    "what `tidepool plan` planned for (`--lengths`), and what sweep, load and verify send",
+    write_value=lambda mix: mix.text if mix else "",
+)  # fmt: skip
 # Written by `tidepool plan --from-server --apply` on each config it loads: which one, and why.
 PLAN_GENERATION: Parameter[int] = Parameter(
     "TIDEPOOL_PLAN_GENERATION", 0, at_least(0), "set by the live re-planner: the config's generation"
@@ -239,11 +289,16 @@ ALL: tuple[Parameter[object], ...] = (
     MODEL_FACTORY, TORCHSCRIPT, EXPORTED_PROGRAM, WEIGHTS, TORCH_NUM_THREADS, ELASTIC_THREADS,
     ELASTIC_HOLD_US, ELASTIC_SPIN_COUNT, PRECISION, GRAPH, DEVICE, GPU_OUTPUTS, ALLOW_NONFINITE, POOL,
     POOL_KIND, POOL_LIMIT_BYTES, POOL_INITIAL_BYTES, NODE_BUDGET, POOL_WARMUP_BATCH_SIZES,
-    POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP, PLAN_GENERATION, PLAN_REASON,
+    POOL_FRAGMENTATION_THRESHOLD, POOL_RETAIN_HEAP, SEQUENCE_INPUTS, MAX_SEQUENCE_LENGTH, LENGTH_GROUPING,
+    LENGTH_BUCKET, MAX_BATCH_TOKENS, PASS_COST_TOKENS, LENGTH_MIX, PLAN_GENERATION, PLAN_REASON,
 )  # type: ignore[assignment]  # fmt: skip
 
 
 RANGE_ROW = "| `range.<INPUT>` | inclusive `LOW,HIGH` every value of that input must stay within | none |"
+PAD_ROW = (
+    "| `pad.<INPUT>` | what that sequence input is padded with where requests of different lengths "
+    "share a pass (masks and token types: 0) | `0` |"
+)
 SHAPE_ROW = (
     "| `shape.<INPUT>` | the sizes of that tensor's dims to plan, generate inputs and warm up at, e.g. `128` "
     "for `dims: [ -1 ]` (real traffic's length; `tidepool plan` writes it in the header) | 1 for each `-1` |"
@@ -254,14 +309,14 @@ def markdown_table() -> str:
     """The README's table of parameters, made from this one (a test checks they are the same)."""
     rows = ["| parameter | meaning | default |", "| --- | --- | --- |"]
     rows += [f"| `{p.name}` | {p.meaning} | {p.documented_default} |" for p in ALL]
-    return "\n".join([*rows, RANGE_ROW, SHAPE_ROW])
+    return "\n".join([*rows, RANGE_ROW, SHAPE_ROW, PAD_ROW])
 
 
 def rewrite_table(readme: Path) -> bool:
     """Put markdown_table() in place of the parameter table in `readme`; whether it changed."""
     text = readme.read_text()
     start = text.index("| parameter | meaning | default |")
-    last = SHAPE_ROW if SHAPE_ROW in text[start:] else RANGE_ROW  # a README from before the shape row
+    last = next(row for row in (PAD_ROW, SHAPE_ROW, RANGE_ROW) if row in text[start:])
     end = text.index(last, start) + len(last)
     updated = text[:start] + markdown_table() + text[end:]
     readme.write_text(updated)

@@ -5,7 +5,8 @@ clear errors for parameters that make no sense. Needs numpy only: the Python stu
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,83 @@ class ValueRange:
 
 
 @dataclass(frozen=True)
+class LengthMix:
+    """A distribution of sequence lengths: each length with its share of the requests."""
+
+    lengths: tuple[int, ...]
+    shares: tuple[float, ...]  # sum to 1
+    text: str  # as written: '8..512', '64', '8..64:0.7,65..512:0.3'
+
+    @classmethod
+    def parse(cls, text: str, where: str = "lengths") -> LengthMix:
+        """'64' (one length), '8..512' (uniform), or parts with shares, 'A..B:SHARE' or
+        'L:SHARE', each part uniform within its range: '8..64:0.7,65..256:0.25,257..512:0.05'."""
+        weights: dict[int, float] = {}
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise ConfigError(
+                f"{where}: expected e.g. '8..512', '64' or '8..64:0.7,65..512:0.3', got {text!r}"
+            )
+        for part in parts:
+            span, _, share_text = part.partition(":")
+            low_text, dots, high_text = span.partition("..")
+            try:
+                low = int(low_text)
+                high = int(high_text) if dots else low
+                share = float(share_text) if share_text else 1.0
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: {part!r} is not LENGTH, LOW..HIGH, or either with :SHARE (in {text!r})"
+                ) from None
+            if low < 1 or high < low or share <= 0 or not math.isfinite(share):
+                raise ConfigError(f"{where}: {part!r} needs 1 <= LOW <= HIGH and a share above 0")
+            for length in range(low, high + 1):
+                weights[length] = weights.get(length, 0.0) + share / (high - low + 1)
+        return cls.of(weights, text)
+
+    @classmethod
+    def of(cls, weights: Mapping[int, float], text: str) -> LengthMix:
+        total = sum(weights.values())
+        lengths = tuple(sorted(weights))
+        return cls(lengths, tuple(weights[n] / total for n in lengths), text)
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int], text: str = "") -> LengthMix:
+        """The mix of observed lengths (real samples), each with its share of them."""
+        if not lengths:
+            raise ConfigError("a length mix needs at least one length")
+        counts: dict[int, float] = {}
+        for length in lengths:
+            counts[int(length)] = counts.get(int(length), 0.0) + 1.0
+        low, high = min(counts), max(counts)
+        return cls.of(counts, text or f"{len(lengths)} samples, {low}..{high}, mean {np.mean(lengths):.0f}")
+
+    @property
+    def mean(self) -> float:
+        return float(np.dot(self.lengths, self.shares))
+
+    @property
+    def longest(self) -> int:
+        return self.lengths[-1]
+
+    @property
+    def shortest(self) -> int:
+        return self.lengths[0]
+
+    def quantile(self, q: float) -> int:
+        """The smallest length at or below which at least a share `q` of requests fall."""
+        cumulative = np.cumsum(self.shares)
+        return self.lengths[min(int(np.searchsorted(cumulative, q - 1e-12)), len(self.lengths) - 1)]
+
+    def draw(self, count: int, seed: int = 0) -> list[int]:
+        rng = np.random.default_rng(seed)
+        return [int(n) for n in rng.choice(self.lengths, size=count, p=self.shares)]
+
+    def describe(self) -> str:
+        return f"{self.text} (mean {self.mean:.0f}, median {self.quantile(0.5)}, longest {self.longest})"
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """One input or output as declared in the config, without the batch dimension."""
 
@@ -83,6 +161,9 @@ class TensorSpec:
     # `shape.<NAME>`: the sizes its variable (-1) dims are planned, generated and warmed up at
     # (real traffic's lengths); None: the smallest, 1.
     planned_dims: tuple[int, ...] | None = None
+    # `allow_ragged_batch: true`: Triton batches requests whose lengths differ (runtime/lengths.py).
+    allow_ragged: bool = False
+    pad_value: float = 0.0  # `pad.<NAME>`: what a shorter sequence is padded with in such a batch
 
     @property
     def dtype(self) -> DType:
@@ -120,6 +201,11 @@ class ModelSpec:
 
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether Triton may hand one execution requests whose input shapes differ."""
+        return any(spec.allow_ragged for spec in self.inputs)
 
 
 _BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -186,6 +272,13 @@ def planned_dims(text: str, dims: tuple[int, ...], where: str) -> tuple[int, ...
     return sizes
 
 
+def _number(text: str, where: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: expected a number, got {text!r}") from None
+
+
 def _tensor_specs(
     entries: list[dict[str, Any]], parameters: dict[str, str], kind: str
 ) -> tuple[TensorSpec, ...]:
@@ -209,7 +302,10 @@ def _tensor_specs(
             if shape_key in parameters
             else None
         )
-        specs.append(TensorSpec(name, triton_type, dims, value_range, planned))
+        pad_key = f"pad.{name}"
+        pad = _number(parameters[pad_key], f"parameter {pad_key}") if pad_key in parameters else 0.0
+        ragged = bool(entry.get("allow_ragged_batch", False))
+        specs.append(TensorSpec(name, triton_type, dims, value_range, planned, ragged, pad))
     return tuple(specs)
 
 

@@ -188,7 +188,7 @@ def test_each_execute_counts_the_page_faults_it_caused(tmp_path):
 
 
 def test_warm_up_repeats_a_batch_size_until_it_touches_no_fresh_pages(tmp_path, monkeypatch):
-    from tidepool.runtime.instance import WARMUP_MAX_ROUNDS
+    from tidepool.runtime.warmup import WARMUP_MAX_ROUNDS
 
     steady = ModelInstance.load(config_with(POOL_WARMUP_BATCH_SIZES="1,4"), tiny_model_dir(tmp_path))
     assert set(steady.warmup_rounds) == {1, 4} and max(steady.warmup_rounds.values()) < WARMUP_MAX_ROUNDS

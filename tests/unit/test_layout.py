@@ -26,9 +26,11 @@ ALLOWED = {
     # parameters: the table of backend parameters, which the runtime reads and the planner writes.
     "parameters": {"errors", "spec"},
     # inputs: valid random inputs from a config (numpy only), to check a frozen graph at load.
-    "runtime": {"errors", "spec", "parameters", "inputs", "pool", "processes", "machine"},
+    "runtime": {"errors", "spec", "parameters", "inputs", "sequences", "pool", "processes", "machine"},
     "configfile": {"errors"},
     "inputs": {"errors", "spec"},
+    # sequences: a model's sequence inputs, their lengths and the length mix traffic has.
+    "sequences": {"errors", "spec", "parameters", "inputs"},
     "machine": set(),
     "ports": {"errors"},
     "processes": set(),
@@ -38,6 +40,7 @@ ALLOWED = {
         "parameters",
         "configfile",
         "inputs",
+        "sequences",
         "machine",
         "pool",
         "runtime",
@@ -46,8 +49,15 @@ ALLOWED = {
         "extras",
     },
     "launcher": {"errors", "ports", "machine", "configfile", "spec", "processes"},
-    "clients": {"errors", "spec", "inputs", "ports", "configfile", "extras"},
-    "testing": {"configfile", "clients", "inputs", "spec", "launcher"},  # bad_requests starts a server
+    "clients": {"errors", "spec", "inputs", "sequences", "ports", "configfile", "extras"},
+    "testing": {
+        "configfile",
+        "clients",
+        "inputs",
+        "spec",
+        "sequences",
+        "launcher",
+    },  # bad_requests starts a server
     # deploy: manifests from planned configs (reads them, never plans), and the scaling signal.
     "deploy": {"errors", "spec", "parameters", "configfile", "clients"},
     # extras: optional packages asked for by name, with how to install them.
@@ -112,7 +122,7 @@ def test_the_python_stub_imports_only_runtime_pool_and_the_small_modules_they_sh
     )
     allowed_prefixes = ("tidepool.runtime", "tidepool.pool")
     allowed = {"tidepool", "tidepool.errors", "tidepool.spec", "tidepool.inputs", "tidepool.processes",
-               "tidepool.machine", "tidepool.parameters"}  # fmt: skip
+               "tidepool.machine", "tidepool.parameters", "tidepool.sequences"}  # fmt: skip
     extra = [m for m in loaded["tidepool"] if m not in allowed and not m.startswith(allowed_prefixes)]
     assert not extra, f"the stub's import closure grew: {extra}"
     offline = {"tritonclient", "google", "grpc", "matplotlib", "locust", "gevent", "psutil"} & set(

@@ -3,15 +3,8 @@ import json
 
 import pytest
 
-from tidepool.clients.sweep import (
-    LevelResult,
-    ServerSplit,
-    SweepError,
-    format_table,
-    parse_levels,
-    rotated,
-    write_reports,
-)
+from tidepool.clients.sweep import LevelResult, ServerSplit, SweepError, parse_levels, rotated
+from tidepool.clients.sweep_report import format_table, write_reports
 
 
 @pytest.mark.parametrize(

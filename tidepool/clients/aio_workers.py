@@ -1,6 +1,7 @@
 """Asyncio request workers over tritonclient's aio HTTP and gRPC clients: each worker holds its
-own connection and prepared inputs (optionally in system shared memory) and sends one request
-at a time. The sweep drives many of them from one event loop."""
+own connection and prepared requests (optionally one in system shared memory) and sends one at a
+time, taking them in turn (text traffic: each of its own length). The sweep drives many of them
+from one event loop."""
 
 from __future__ import annotations
 
@@ -14,18 +15,22 @@ import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
 from tidepool.clients.connection import DEFAULT_URLS, wire_inputs
+from tidepool.sequences import Sequences
 from tidepool.spec import ModelSpec
 
 
 @dataclass
 class Outcome:
-    """What the workers saw in one window: latencies of answered requests and the errors."""
+    """What the workers saw in one window: latencies of answered requests (and beside each its
+    sequence length, 0 for a model without one) and the errors."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     def add(self, other: Outcome) -> None:
         self.latencies_ms.extend(other.latencies_ms)
+        self.lengths.extend(other.lengths)
         self.errors.extend(other.errors)
 
 
@@ -75,7 +80,8 @@ class SharedMemoryRegions:
 
 
 class Worker:
-    """One client connection sending the same prepared request again and again."""
+    """One client connection sending its prepared requests in turn, again and again (one of them
+    where they live in shared memory)."""
 
     def __init__(
         self,
@@ -83,7 +89,7 @@ class Worker:
         url: str | None,
         model: str,
         spec: ModelSpec,
-        inputs: dict[str, np.ndarray],
+        requests: list[dict[str, np.ndarray]],
         shared_memory: bool = False,
         sync_client=None,
     ) -> None:
@@ -92,10 +98,15 @@ class Worker:
         url = url or DEFAULT_URLS[protocol]
         module = http_aio if protocol == "http" else grpc_aio
         self.client = module.InferenceServerClient(url)
-        self.regions = SharedMemoryRegions(sync_client, spec, inputs) if shared_memory else None
-        self.inputs = wire_inputs(module, spec, inputs)
+        sequences = Sequences.of(spec)
+        self.prepared = [
+            (wire_inputs(module, spec, request), sequences.length(request, spec.batched) if sequences else 0)
+            for request in (requests[:1] if shared_memory else requests)
+        ]
+        self.turn = 0
+        self.regions = SharedMemoryRegions(sync_client, spec, requests[0]) if shared_memory else None
         if self.regions is not None:  # the data lives in the region: the request only points at it
-            for wire, tensor in zip(self.inputs, spec.inputs, strict=True):
+            for wire, tensor in zip(self.prepared[0][0], spec.inputs, strict=True):
                 offset, nbytes = self.regions.input_offsets[tensor.name]
                 wire.set_shared_memory(self.regions.input_name, nbytes, offset=offset)
         self.outputs = []
@@ -109,13 +120,16 @@ class Worker:
                 self.outputs.append(requested)
 
     async def send(self, outcome: Outcome) -> None:
+        inputs, length = self.prepared[self.turn % len(self.prepared)]
+        self.turn += 1
         began = time.perf_counter()
         try:
-            await self.client.infer(self.model, self.inputs, outputs=self.outputs)
+            await self.client.infer(self.model, inputs, outputs=self.outputs)
         except InferenceServerException as exc:
             outcome.errors.append(str(exc))
             return
         outcome.latencies_ms.append((time.perf_counter() - began) * 1e3)
+        outcome.lengths.append(length)
 
     async def close(self) -> None:
         await self.client.close()

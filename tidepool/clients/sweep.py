@@ -1,26 +1,26 @@
 """`tidepool sweep`: latency and throughput of any model on any Triton server, level by level
 (closed-loop concurrency, or open-loop request rate), with the server's own split of the time
-from its statistics API. Each level: a warm-up, then windows until two agree within 10%."""
+from its statistics API. Each level: a warm-up, then windows until two agree within 10%. A model
+with sequence inputs is sent its length mix (LENGTH_MIX, --lengths or --inputs), and its tokens/s,
+the p99 of its short and long requests and the server's padding are reported too."""
 
 from __future__ import annotations
 
 import asyncio
-import csv
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from tidepool.clients.aio_workers import Outcome, Worker
 from tidepool.clients.connection import Connection, addresses
+from tidepool.clients.metrics import scrape
 from tidepool.errors import TidepoolError
-from tidepool.extras import pyplot
-from tidepool.inputs import describe_generated, load_inputs, random_inputs
-from tidepool.spec import positive_ints
+from tidepool.inputs import describe_generated, load_requests
+from tidepool.sequences import Sequences, traffic
+from tidepool.spec import LengthMix, positive_ints
 
 T = TypeVar("T")
 
@@ -108,6 +108,11 @@ class LevelResult:
     compute_output_us: float
     avg_batch: float
     first_error: str = ""
+    # Models with sequence inputs (else 0, or NaN where not measured):
+    tokens_per_s: float = 0.0
+    p99_short_ms: float = float("nan")  # requests at or below the median length sent
+    p99_long_ms: float = float("nan")  # requests at or above the 90th percentile length sent
+    padding: float = float("nan")  # padded / (real + padded) positions, from the server's /metrics
 
 
 @dataclass
@@ -125,6 +130,32 @@ class SweepSettings:
     shared_memory: bool = False
     input_file: str | None = None
     seed: int = 0
+    lengths: str | None = None  # a length mix (LengthMix) to send; None: the config's LENGTH_MIX
+    metrics_url: str | None = None  # for the padding; None: port 8002 of the first address's host
+
+
+REQUESTS_PER_WORKER = 64  # prepared requests each worker takes in turn (lengths drawn from the mix)
+
+
+def metrics_address(settings: SweepSettings, url: str | None) -> str:
+    """Where the server's /metrics is: as given, else Triton's default port on the server's host."""
+    if settings.metrics_url:
+        return settings.metrics_url
+    host = (url or "127.0.0.1:8001").rpartition("://")[2].rsplit(":", 1)[0]
+    return f"http://{host}:8002/metrics"
+
+
+def token_counts(url: str, model: str) -> tuple[float, float] | None:
+    """(real, padded) positions the model's instances counted, or None where /metrics says nothing."""
+    try:
+        samples = scrape(url, timeout_s=2.0)
+    except OSError:
+        return None
+    counted = [
+        sum(s.value for s in samples if s.name == name and s.labels.get("model") == model)
+        for name in ("tidepool_tokens_total", "tidepool_padded_tokens_total")
+    ]
+    return (counted[0], counted[1]) if counted[0] else None
 
 
 def rotated(items: Sequence[T], turn: int) -> list[T]:
@@ -169,11 +200,18 @@ class Sweep:
         self.connections = [Connection.open(settings.protocol, url) for url in self.urls]
         self.connection = self.connections[0]
         self.spec = self.connection.model_spec(settings.model)
+        self.sequences = Sequences.of(self.spec)
         if settings.input_file:
-            self.inputs = load_inputs(settings.input_file, self.spec)
+            self.requests = load_requests(settings.input_file, self.spec)
         else:
-            self.inputs = random_inputs(self.spec, batch=settings.batch, seed=settings.seed)
-        self.rows = next(iter(self.inputs.values())).shape[0] if self.spec.batched else 1
+            mix = LengthMix.parse(settings.lengths, "--lengths") if settings.lengths else None
+            self.requests = traffic(self.spec, REQUESTS_PER_WORKER, settings.batch, settings.seed, mix)
+        if settings.shared_memory and len(self.requests) > 1:
+            raise SweepError("--shared-memory sends one request again and again, not a mix of lengths")
+        self.rows = next(iter(self.requests[0].values())).shape[0] if self.spec.batched else 1
+        sent = [self.sequences.length(r, self.spec.batched) for r in self.requests] if self.sequences else [0]
+        self.short_up_to, self.long_from = np.percentile(sent, 50), np.percentile(sent, 90)
+        self.metrics_url = metrics_address(settings, self.urls[0])
 
     def run(self) -> list[LevelResult]:
         s = self.settings
@@ -214,7 +252,7 @@ class Sweep:
                 self.urls[n % len(self.urls)],
                 s.model,
                 self.spec,
-                self.inputs,
+                rotated(self.requests, n * 7),  # each worker from its own place in the mix
                 s.shared_memory,
                 sync,
             )
@@ -225,6 +263,7 @@ class Sweep:
             if warmup.errors and not warmup.latencies_ms:  # nothing answered: no window will be either
                 raise SweepError(self._all_failed(mode, level, len(warmup.errors), warmup.errors[0]))
             before = self._stats()
+            tokens_before = token_counts(self.metrics_url, s.model) if self.sequences else None
             windows: list[tuple[Outcome, float]] = []
             while len(windows) < s.max_windows:
                 outcome, seconds = await self._window(mode, level, workers, s.window_s)
@@ -237,6 +276,7 @@ class Sweep:
                 if len(windows) >= 2 and self._stable(windows[-2:]):
                     break
             after = self._stats()
+            tokens_after = token_counts(self.metrics_url, s.model) if tokens_before else None
         finally:
             for worker in workers:
                 await worker.close()
@@ -262,7 +302,35 @@ class Sweep:
             stable=stable,
             first_error=merged.errors[0] if merged.errors else "",
             **asdict(split),
+            **self._length_figures(merged, seconds, tokens_before, tokens_after),
         )
+
+    def _length_figures(
+        self,
+        outcome: Outcome,
+        seconds: float,
+        before: tuple[float, float] | None,
+        after: tuple[float, float] | None,
+    ) -> dict[str, float]:
+        """tokens/s, the p99 of short and long requests and the server's padding fraction."""
+        if self.sequences is None:
+            return {}
+        lengths = np.array(outcome.lengths)
+        latencies = np.array(outcome.latencies_ms)
+
+        def p99(chosen: np.ndarray) -> float:
+            return float(np.percentile(latencies[chosen], 99)) if chosen.any() else float("nan")
+
+        padding = float("nan")
+        if before and after and after[0] > before[0]:
+            real, padded = after[0] - before[0], after[1] - before[1]
+            padding = padded / (real + padded)
+        return {
+            "tokens_per_s": float(lengths.sum()) * self.rows / seconds if seconds else 0.0,
+            "p99_short_ms": p99(lengths <= self.short_up_to),
+            "p99_long_ms": p99(lengths >= self.long_from),
+            "padding": padding,
+        }
 
     def _stable(self, pair) -> bool:
         (a, ta), (b, tb) = pair
@@ -318,54 +386,3 @@ async def open_loop(rate: float, workers: list[Worker], deadline: float, outcome
         next_send += interval
     if pending:
         await asyncio.gather(*pending)
-
-
-# (field, header, width, format) of the printed table
-COLUMNS = [
-    ("level", "level", 7, "g"),
-    ("throughput", "infer/s", 10, ".1f"),
-    ("p50_ms", "p50 ms", 8, ".1f"),
-    ("p90_ms", "p90 ms", 8, ".1f"),
-    ("p95_ms", "p95 ms", 8, ".1f"),
-    ("p99_ms", "p99 ms", 8, ".1f"),
-    ("errors", "errors", 7, "d"),
-    ("avg_batch", "batch", 7, ".2f"),
-    ("queue_us", "queue us", 10, ".0f"),
-    ("compute_infer_us", "infer us", 10, ".0f"),
-    ("stable", "stable", 8, ""),
-]
-
-
-def format_table(results: list[LevelResult]) -> str:
-    lines = ["".join(f"{header:>{width}}" for _, header, width, _ in COLUMNS)]
-    for result in results:
-        values = asdict(result)
-        lines.append("".join(f"{format(values[name], fmt):>{width}}" for name, _, width, fmt in COLUMNS))
-    return "\n".join(lines)
-
-
-def write_reports(results: list[LevelResult], out: Path, title: str) -> list[Path]:
-    """CSV at `out`, JSON and a PNG plot (throughput vs p99) beside it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [asdict(r) for r in results]
-    with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path = out.with_suffix(".json")
-    json_path.write_text(json.dumps(rows, indent=2))
-    png_path = out.with_suffix(".png")
-    plt = pyplot()
-
-    figure, axes = plt.subplots(figsize=(6, 4))
-    axes.plot([r.p99_ms for r in results], [r.throughput for r in results], marker="o")
-    for r in results:
-        axes.annotate(f"{r.mode[0]}={r.level:g}", (r.p99_ms, r.throughput), fontsize=8)
-    axes.set_xlabel("p99 latency (ms)")
-    axes.set_ylabel("throughput (inferences/s)")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
-    plt.close(figure)
-    return [out, json_path, png_path]

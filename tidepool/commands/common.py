@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tidepool.errors import TidepoolError
-from tidepool.spec import parse_bytes, parse_duration, positive_ints
+from tidepool.spec import LengthMix, parse_bytes, parse_duration, positive_ints
 
 if TYPE_CHECKING:
     from tidepool.planning.run import Measuring
@@ -27,6 +27,26 @@ def add_samples_option(parser: argparse.ArgumentParser) -> None:
         "--inputs", "--input-data", dest="input_data", metavar="FILE",
         help="real samples (.npz, or JSON of input name -> rows) instead of inputs generated from the config",
     )  # fmt: skip
+
+
+LENGTHS_HELP = (
+    "sequence lengths to send, for a model with sequence inputs: 64, 8..512 (uniform) or shares, "
+    "8..64:0.7,65..512:0.3 (default: the config's LENGTH_MIX, else its shape.<INPUT>)"
+)
+
+
+def add_lengths_option(parser: argparse.ArgumentParser, help_text: str = LENGTHS_HELP) -> None:
+    """--lengths MIX, checked as it is parsed, into `args.lengths` (its text)."""
+    parser.add_argument("--lengths", metavar="MIX", type=length_mix, help=help_text)
+
+
+def length_mix(text: str) -> str:
+    """An argparse type: a length mix (spec.LengthMix), kept as its text."""
+    try:
+        LengthMix.parse(text, "--lengths")
+    except TidepoolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def progress_printer(text: str) -> None:
@@ -70,6 +90,12 @@ def add_measuring_options(parser: argparse.ArgumentParser) -> None:
         help="real samples to measure on (.npz, or JSON of input name -> rows): their values and "
         "lengths (default: inputs generated within the config's range.<INPUT> and shape.<INPUT>)",
     )
+    add_lengths_option(
+        parser,
+        "the sequence lengths traffic has, for a model with sequence inputs: 64, 8..512 (uniform) or "
+        "shares, 8..64:0.7,65..512:0.3; profiled over rows x length and planned for (default: the "
+        "config's LENGTH_MIX, else the lengths of --inputs' samples, else one length: shape.<INPUT>)",
+    )
     parser.add_argument(
         "--seconds-per-point",
         type=float,
@@ -88,4 +114,5 @@ def measuring(args: argparse.Namespace) -> Measuring:
         max_latency_ms=args.max_latency_ms,
         memory_limit_bytes=parse_bytes(args.memory_limit, "--memory-limit") if args.memory_limit else None,
         inputs=Path(args.inputs) if args.inputs else None,
+        lengths=args.lengths,
     )

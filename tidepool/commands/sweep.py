@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import URL_HELP, add_samples_option, duration, progress_printer
+from tidepool.commands.common import (
+    URL_HELP,
+    add_lengths_option,
+    add_samples_option,
+    duration,
+    progress_printer,
+)
 
 
 def add(commands: Any) -> None:
@@ -45,6 +51,12 @@ def add(commands: Any) -> None:
         help="windows per level until two agree within 10%% (default: %(default)s)",
     )
     add_samples_option(sweep)
+    add_lengths_option(sweep)
+    sweep.add_argument(
+        "--metrics-url",
+        help="the server's /metrics, for the padding of a model with sequence inputs (default: port 8002 "
+        "of the first address's host)",
+    )
     sweep.add_argument(
         "--shared-memory",
         action="store_true",
@@ -55,7 +67,8 @@ def add(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tidepool.clients.sweep import Sweep, SweepSettings, format_table, parse_levels, write_reports
+    from tidepool.clients.sweep import Sweep, SweepSettings, parse_levels
+    from tidepool.clients.sweep_report import format_table, write_reports
 
     rates = tuple(float(r) for r in args.request_rate.split(",")) if args.request_rate else ()
     settings = SweepSettings(
@@ -70,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         max_windows=args.max_windows,
         shared_memory=args.shared_memory,
         input_file=args.input_data,
+        lengths=args.lengths,
+        metrics_url=args.metrics_url,
     )
     results = Sweep(settings, progress=progress_printer).run()
     print(f"\n{args.model} over {args.protocol}, batch {args.batch}:")

@@ -56,6 +56,12 @@ def planned_config(existing: ModelConfig, result: Plan) -> ModelConfig:
     for tensor in config.input:
         if -1 in tensor.dims and tensor.name in measured:
             config.parameters[f"shape.{tensor.name}"].string_value = ",".join(map(str, measured[tensor.name]))
+    if result.lengths is not None:  # requests of different lengths together (runtime/lengths.py)
+        for tensor in config.input:
+            if tensor.name in result.lengths.inputs:
+                tensor.allow_ragged_batch = True
+        for parameter, value in result.lengths.settings():
+            config.parameters[parameter.name].string_value = parameter.write(value)
     return config
 
 
@@ -79,6 +85,7 @@ def plan_header(budgets: Budgets, result: Plan, notes: Sequence[str] = ()) -> li
         if point
         else "",
         *(f"{key}: {reason}" for key, reason in result.reasons.items()),
+        *(result.lengths.header() if result.lengths is not None else []),
         *notes,
     ]
 

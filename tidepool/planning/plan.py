@@ -5,11 +5,16 @@ Like the rest of the planner it never imports torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from tidepool import parameters as param
 from tidepool.errors import TidepoolError
 from tidepool.machine import usable_cores
 from tidepool.planning.profile import Profile
 from tidepool.planning.quality import QualityBudget
+
+if TYPE_CHECKING:
+    from tidepool.planning.lengths import LengthPlan
 
 MIB = 2**20
 # What `tidepool plan --verify` serves each candidate at: closed-loop levels, seconds per window.
@@ -76,6 +81,7 @@ class Plan:
     predicted_throughput: float = 0.0  # samples/s with every instance busy at its best batch
     lone_latency_ms: float = 0.0  # what a request that arrives alone waits and runs (p50)
     profile: Profile | None = field(default=None, repr=False)  # what it was planned from
+    lengths: LengthPlan | None = field(default=None, repr=False)  # requests of different lengths together
 
     @property
     def key(self) -> ConfigKey:
@@ -94,10 +100,11 @@ class Plan:
         return self.key.label
 
     def describe(self) -> str:
-        return "\n".join(
-            f"  {label:<30} {getattr(self, attr)!s:<12} {self.reasons.get(attr, '')}"
-            for label, attr in PLAN_FIELDS
-        )
+        rows = [(label, getattr(self, attr), self.reasons.get(attr, "")) for label, attr in PLAN_FIELDS]
+        if self.lengths is not None:
+            rows += [(p.name, p.write(value), self.lengths.reasons.get(p.name, ""))
+                     for p, value in self.lengths.settings()]  # fmt: skip
+        return "\n".join(f"  {label:<30} {value!s:<12} {reason}" for label, value, reason in rows)
 
 
 @dataclass(frozen=True)
@@ -124,15 +131,15 @@ class ConfigKey:
 
 # (name in config.pbtxt, Plan attribute)
 PLAN_FIELDS = [
-    ("TORCH_NUM_THREADS", "torch_threads"),
-    ("PRECISION", "precision"),
-    ("GRAPH", "graph"),
+    (param.TORCH_NUM_THREADS.name, "torch_threads"),
+    (param.PRECISION.name, "precision"),
+    (param.GRAPH.name, "graph"),
     ("max_batch_size", "max_batch_size"),
     ("preferred_batch_size", "preferred_batch_sizes"),
     ("max_queue_delay_microseconds", "max_queue_delay_us"),
     ("instance_group count", "instance_count"),
     ("max_queue_size", "max_queue_size"),
     ("default_timeout_microseconds", "queue_timeout_us"),
-    ("POOL_INITIAL_BYTES", "pool_initial_bytes"),
-    ("POOL_LIMIT_BYTES", "pool_limit_bytes"),
+    (param.POOL_INITIAL_BYTES.name, "pool_initial_bytes"),
+    (param.POOL_LIMIT_BYTES.name, "pool_limit_bytes"),
 ]

@@ -36,6 +36,7 @@ class BatchPoint:
     throughput: float  # samples per second
     predicted_bytes: int = 0  # from the fit, static included
     fit_error: float = 0.0  # (predicted - measured) / measured, static included
+    length: int = 0  # the sequence length of every row (a length profile's point; 0: as planned)
 
     @property
     def dynamic_bytes(self) -> int:
@@ -60,6 +61,10 @@ class Profile:
     graph_reason: str = ""  # why `tidepool plan` profiled that graph
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # one row of each input measured
     inputs_from: str = "generated"  # or "samples" (an --inputs file)
+    # A model with sequence inputs planned for a length mix: points over rows x length (lengths.py),
+    # and why requests of different lengths cannot share a pass where they cannot ("" where they can).
+    length_points: list[BatchPoint] = field(default_factory=list)
+    unpadded_because: str = ""
 
     def predict_bytes(self, batch: int) -> int:
         return int(self.static_bytes + self.per_sample_bytes * batch + self.workspace_bytes)
@@ -90,6 +95,7 @@ class Profile:
     def from_json(cls, text: str) -> Profile:
         data = json.loads(text)
         data["points"] = [BatchPoint(**p) for p in data["points"]]
+        data["length_points"] = [BatchPoint(**p) for p in data.get("length_points", [])]
         return cls(**data)
 
     @classmethod

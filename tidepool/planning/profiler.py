@@ -7,14 +7,17 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from tidepool import parameters as param
 from tidepool.configfile import read_config_dict
 from tidepool.errors import TidepoolError
-from tidepool.inputs import describe_generated, load_inputs, random_inputs
+from tidepool.inputs import describe_generated, load_requests, random_inputs
 from tidepool.machine import describe_machine
 from tidepool.planning.memory_tracker import TensorMemoryTracker
 from tidepool.planning.profile import (
@@ -26,7 +29,9 @@ from tidepool.planning.profile import (
 from tidepool.planning.quality import row_measures
 from tidepool.runtime.graph import weight_tensors
 from tidepool.runtime.instance import ModelInstance, Result
+from tidepool.runtime.lengths import probe
 from tidepool.runtime.validation import RequestError
+from tidepool.sequences import Sequences, at_length, model_at_length
 from tidepool.spec import parse_model_config
 
 Samples = list[dict[str, np.ndarray]]  # requests of one row each, from an --inputs file
@@ -47,23 +52,32 @@ def profiling_instance(
     torch_threads: int | None = None,
     graph: str = "eager",
     samples: Samples | None = None,
+    length: int | None = None,
 ) -> ModelInstance:
     """An instance as `tidepool serve` would load it, with the pool on and no cap, measuring with
-    `samples` where given (`--inputs`), else with random inputs valid for its config."""
+    `samples` where given (`--inputs`), else with random inputs valid for its config (its sequence
+    inputs at `length` where given). Requests of different lengths run each length as its own pass
+    here (no ragged warm-up to wait for): lengths.py measures passes of one length at a time."""
     config = read_config_dict(model_dir / "config.pbtxt")  # a fresh dict: ours to change
     config["max_batch_size"] = max(int(config.get("max_batch_size", 0)), max(batch_sizes))
+    for tensor in config.get("input", []):
+        tensor["allow_ragged_batch"] = False
     parameters = config.setdefault("parameters", {})
-    parameters.update(
-        DEVICE={"string_value": device},
-        PRECISION={"string_value": precision},
-        GRAPH={"string_value": graph},
-        POOL={"string_value": "on"},
-        POOL_WARMUP_BATCH_SIZES={"string_value": "1"},
-    )
+    chosen: list[tuple[param.Parameter[Any], Any]] = [
+        (param.DEVICE, device), (param.PRECISION, precision), (param.GRAPH, graph), (param.POOL, True),
+        (param.POOL_WARMUP_BATCH_SIZES, (1,)),
+    ]  # fmt: skip
     if torch_threads is not None:
-        parameters["TORCH_NUM_THREADS"] = {"string_value": str(torch_threads)}
-    for key in ("POOL_LIMIT_BYTES", "POOL_INITIAL_BYTES"):  # measure, do not cap
-        parameters.pop(key, None)
+        chosen.append((param.TORCH_NUM_THREADS, torch_threads))
+    parameters.update({p.name: {"string_value": p.write(value)} for p, value in chosen})
+    for measured in (param.POOL_LIMIT_BYTES, param.POOL_INITIAL_BYTES):  # measure, do not cap
+        parameters.pop(measured.name, None)
+    sequences = Sequences.of(parse_model_config(config))
+    if length is not None and sequences is not None:
+        for spec, axis in zip(sequences.inputs, sequences.axes, strict=True):
+            parameters[f"shape.{spec.name}"] = {
+                "string_value": ",".join(map(str, at_length(spec, axis, length).shape(None)))
+            }
     instance = ModelInstance.load(config, model_dir)
     if samples:
         _samples[instance] = samples
@@ -71,15 +85,20 @@ def profiling_instance(
 
 
 def read_samples(path: Path, model_dir: Path) -> Samples:
-    """The rows of an --inputs file (.npz or .json), each a request of one row."""
+    """The rows of an --inputs file (.npz or .json; inputs.load_requests), each a request of one row."""
     spec = parse_model_config(read_config_dict(model_dir / "config.pbtxt"))
-    inputs = load_inputs(path, spec)
-    if not spec.batched:
-        return [inputs]
-    rows = {array.shape[0] if array.ndim else 0 for array in inputs.values()}
-    if len(rows) != 1 or 0 in rows:
-        raise ProfileError(f"{path}: every input needs the same number of rows (one per sample), got {rows}")
-    return [{name: array[i : i + 1] for name, array in inputs.items()} for i in range(rows.pop())]
+    samples: Samples = []
+    for inputs in load_requests(path, spec):
+        if not spec.batched:
+            samples.append(inputs)
+            continue
+        rows = {array.shape[0] if array.ndim else 0 for array in inputs.values()}
+        if len(rows) != 1 or 0 in rows:
+            raise ProfileError(
+                f"{path}: every input needs the same number of rows (one per sample), got {rows}"
+            )
+        samples += [{name: array[i : i + 1] for name, array in inputs.items()} for i in range(rows.pop())]
+    return samples
 
 
 def input_shapes(instance: ModelInstance) -> dict[str, list[int]]:
@@ -127,8 +146,15 @@ def request_rows(instance: ModelInstance, batch: int, seed: int) -> list[dict[st
     return [random_inputs(instance.model, batch=1, seed=seed + i) for i in range(batch)]
 
 
-def measure_point(instance: ModelInstance, batch: int, min_iterations: int, max_seconds: float) -> BatchPoint:
-    requests = request_rows(instance, batch, seed=batch)
+def measure_point(
+    instance: ModelInstance,
+    batch: int,
+    min_iterations: int,
+    max_seconds: float,
+    requests: list[dict[str, np.ndarray]] | None = None,
+) -> BatchPoint:
+    """Memory and latency of `batch` requests of one row (`requests`, else request_rows')."""
+    requests = requests or request_rows(instance, batch, seed=batch)
     instance.execute(requests).release()  # warm-up at this size
     assert instance.pool is not None
     instance.pool.reset_peak()
@@ -236,13 +262,17 @@ def profile_model(
     progress: Callable[[str], None] = lambda text: None,
     known_output_difference: dict[str, float] | None = None,
     samples: Samples | None = None,
+    length: int | None = None,
 ) -> Profile:
     """Every batch size in turn (stopping at the latency or memory limit); for a precision other
     than fp32, also its outputs against fp32's (`known_output_difference` spares measuring them
-    again). With `samples` (--inputs) it measures on them, at their lengths."""
+    again). With `samples` (--inputs) it measures on them, at their lengths; else a model's sequence
+    inputs at `length` where given (else its shape.<INPUT>)."""
     model_dir = Path(model_dir)
     began = time.perf_counter()
-    instance = profiling_instance(model_dir, batch_sizes, device, precision, torch_threads, graph, samples)
+    instance = profiling_instance(
+        model_dir, batch_sizes, device, precision, torch_threads, graph, samples, length
+    )
     profile = Profile(
         model=instance.model.name or model_dir.name,
         device=device,
@@ -299,3 +329,48 @@ def _trace(instance: ModelInstance, batch: int, path: Path) -> None:
         instance.execute(requests).release()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
+
+
+MOST_LENGTH_ROWS = 64  # rows a length profile doubles up to
+
+
+def profile_lengths(
+    model_dir: Path,
+    profile: Profile,
+    lengths: Sequence[int],
+    max_latency_ms: float,
+    max_seconds_per_point: float = SECONDS_PER_POINT,
+    progress: Callable[[str], None] = lambda text: None,
+) -> Profile:
+    """`profile` with points over rows x length (rows doubled at each length until the latency
+    limit or MOST_PROFILED_TOKENS), measured as it was (device, precision, threads, graph); and,
+    where padding changes the model's outputs or an output's length does not follow the input's,
+    why requests of different lengths cannot share a pass (runtime/lengths.probe)."""
+    from tidepool.planning.lengths import MOST_PROFILED_TOKENS
+
+    instance = profiling_instance(
+        model_dir, [MOST_LENGTH_ROWS], profile.device, profile.precision, profile.torch_threads, profile.graph
+    )
+    sequences = instance.sequences
+    if sequences is None:
+        raise ProfileError(f"{model_dir.name} has no sequence inputs to profile over lengths")
+    ragged = replace(
+        instance.model, inputs=tuple(replace(s, allow_ragged=True) for s in instance.model.inputs)
+    )
+    checked = probe(instance.forward, ragged, replace(sequences, grouping="auto"))
+    points = []
+    seconds = max_seconds_per_point / 2  # many points: each a little shorter
+    for length in lengths:
+        at = model_at_length(instance.model, sequences, length)
+        rows = 1
+        while rows <= MOST_LENGTH_ROWS and rows * length <= max(MOST_PROFILED_TOKENS, length):
+            progress(f"lengths: {rows} x {length}: measuring")
+            requests = [random_inputs(at, batch=1, seed=i) for i in range(rows)]
+            point = replace(measure_point(instance, rows, 5, seconds, requests), length=length)
+            points.append(point)
+            if point.latency_p99_ms > max_latency_ms:
+                break
+            rows *= 2
+    instance.close()
+    because = "" if checked.pad else "; ".join(checked.notes) or "padding is off for this model"
+    return replace(profile, length_points=points, unpadded_because=because)

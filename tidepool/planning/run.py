@@ -12,13 +12,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidepool.configfile import read_config_dict
 from tidepool.planning.candidates import candidates, precisions_to_try, thread_splits, to_verify
 from tidepool.planning.config_writer import write_plan
+from tidepool.planning.lengths import with_lengths
 from tidepool.planning.plan import VERIFY_LEVELS, VERIFY_WINDOW_S, Budgets, Plan, PlanError
 from tidepool.planning.profile import PROFILE_BATCH_SIZES, SECONDS_PER_POINT, Profile
 from tidepool.planning.together import NodeShare, fit_floors, node_shares
+from tidepool.sequences import Sequences
+from tidepool.spec import LengthMix, parse_model_config
 
 if TYPE_CHECKING:
+    from tidepool.planning.lengths import LengthPlan
     from tidepool.planning.profiler import Samples
 
 Say = Callable[[str], None]
@@ -39,11 +44,26 @@ class Measuring:
     max_latency_ms: float | None = None  # stop doubling past this p99
     memory_limit_bytes: int | None = None  # stop doubling past this total
     inputs: Path | None = None  # real samples (.npz or .json) to measure on; None: generated ones
+    lengths: str | None = None  # a length mix (--lengths); None: the config's LENGTH_MIX or the samples'
 
     def samples(self, model_dir: Path) -> Samples | None:
         from tidepool.planning.profiler import read_samples
 
         return read_samples(self.inputs, model_dir) if self.inputs else None
+
+    def mix(self, model_dir: Path) -> LengthMix | None:
+        """The length mix to plan a model with sequence inputs for: --lengths, else the config's
+        LENGTH_MIX, else the lengths of the --inputs samples where they differ; None: one length."""
+        model = parse_model_config(read_config_dict(model_dir / "config.pbtxt"))
+        sequences = Sequences.of(model)
+        if sequences is None:
+            return None
+        if self.lengths:
+            return LengthMix.parse(self.lengths, "--lengths")
+        if sequences.mix is not None:
+            return sequences.mix
+        lengths = [sequences.length(sample, model.batched) for sample in self.samples(model_dir) or []]
+        return LengthMix.from_lengths(lengths) if len(set(lengths)) > 1 else None
 
     def profile(
         self,
@@ -55,9 +75,10 @@ class Measuring:
         known_output_difference: dict[str, float] | None = None,
         latency_budget_ms: float | None = None,
         progress: Say = _silent,
+        length: int | None = None,
     ) -> Profile:
         """One profile; a plan's stops doubling past its latency budget (no larger batch can serve
-        within it) unless `max_latency_ms` says otherwise."""
+        within it) unless `max_latency_ms` says otherwise. Sequence inputs at `length` where given."""
         from tidepool.planning.profiler import profile_model  # torch loads here, not before
 
         return profile_model(
@@ -74,6 +95,7 @@ class Measuring:
             progress=progress,
             known_output_difference=known_output_difference,
             samples=self.samples(model_dir),
+            length=length,
         )
 
 
@@ -139,12 +161,14 @@ def gather_profiles(settings: PlanSettings, say: Say = _silent, progress: Say = 
         thread_splits(budgets.cores) if measuring.device == "cpu" else [budgets.cores]
     )
     precisions = precisions_to_try(measuring.device, budgets.quality)
+    mix = measuring.mix(model_dir)
+    length = round(mix.mean) if mix else None  # the batch profiles at the mix's mean length
     progress(f"profiling {model_dir.name}: threads {splits} x precisions {precisions}")
     profiles, screens, graph_screen = profiles_to_plan(
         model_dir, splits, precisions, budgets.quality,
         lambda precision, threads, known, graph: measuring.profile(
             model_dir, precision, threads, graph, known_output_difference=known,
-            latency_budget_ms=budgets.latency_ms, progress=progress,
+            latency_budget_ms=budgets.latency_ms, progress=progress, length=length,
         ),
         device=measuring.device, progress=progress, samples=measuring.samples(model_dir),
     )  # fmt: skip
@@ -179,6 +203,9 @@ def plan_model(
         return PlanOutcome(None, str(exc))
     for reason in left_out:
         say(f"left out: {reason}")
+    lengths = planned_for_lengths(settings, ranked, say, progress)
+    if lengths is not None:
+        ranked = [with_lengths(plan, lengths) for plan in ranked]
     say(f"candidates for {model_dir.name}, best predicted first:")
     for plan in ranked:
         say(f"  {plan.label:<28} predicted {plan.predicted_throughput:.0f} samples/s, "
@@ -188,6 +215,8 @@ def plan_model(
         from tidepool.planning.verify import verify, write_verification
 
         top = to_verify(ranked, settings.verify_top, budgets)
+        if lengths is not None:  # a plan made for verification (a shared batch) serves the mix too
+            top = [plan if plan.lengths else with_lengths(plan, lengths) for plan in top]
         verification = verify(model_dir, top, budgets, settings.levels, settings.window_s, progress=progress)
         progress("")
         say(verification.table())
@@ -210,6 +239,50 @@ def plan_model(
     else:
         say("(dry run: --write writes config.pbtxt)")
     return outcome
+
+
+def planned_for_lengths(
+    settings: PlanSettings, ranked: list[Plan], say: Say, progress: Say
+) -> LengthPlan | None:
+    """For a model with sequence inputs and a length mix: the settings that serve that mix
+    (planning/lengths.py), from a profile over rows x length of the best candidate, measured now
+    unless it was saved with the profiles. None where requests of different lengths cannot share a
+    pass (the check says why) or there is no mix."""
+    from tidepool.planning.lengths import lengths_to_measure, plan_lengths
+
+    model_dir, measuring = settings.model_dir, settings.measuring
+    mix = measuring.mix(model_dir)
+    model = parse_model_config(read_config_dict(model_dir / "config.pbtxt"))
+    sequences = Sequences.of(model)
+    if mix is None or sequences is None:
+        if sequences is not None:
+            say("lengths: planned for one length (shape.<INPUT>); --lengths plans for a length mix")
+        return None
+    profile = ranked[0].profile
+    assert profile is not None
+    if not profile.length_points:
+        if settings.saved_profiles:
+            say("lengths: the saved profiles hold no length profile; plan without --profile to measure one")
+            return None
+        from tidepool.planning.profiler import profile_lengths
+
+        budget_ms, seconds = settings.budgets.latency_ms, measuring.seconds_per_point
+        measured = profile_lengths(model_dir, profile, lengths_to_measure(mix), budget_ms, seconds, progress)
+        profile.length_points, profile.unpadded_because = measured.length_points, measured.unpadded_because
+        progress("")
+    if profile.unpadded_because:
+        say(f"lengths: requests of different lengths run apart: {profile.unpadded_because}")
+        return None
+    planned = plan_lengths(
+        profile.length_points,
+        mix,
+        sequences,
+        settings.budgets,
+        ranked[0].max_batch_size,
+        profile.static_bytes,
+    )
+    say(f"lengths: {planned.header()[0]}")
+    return planned
 
 
 def plan_repository(

@@ -131,10 +131,12 @@ def choose(candidates: Sequence[Plan], figures: Sequence[LevelFigures]) -> int:
     return min(tied, key=lambda i: (scored[i][2], -scored[i][1]))
 
 
-def _closed_loop(url: str, name: str, level: int, window_s: float, warmup_s: float) -> LevelResult:
+def _closed_loop(
+    url: str, name: str, level: int, window_s: float, warmup_s: float, lengths: str | None = None
+) -> LevelResult:
     settings = SweepSettings(
         name, protocol="grpc", url=url, concurrency=(level,), window_s=window_s, warmup_s=warmup_s,
-        max_windows=1,
+        max_windows=1, lengths=lengths,
     )  # fmt: skip
     [result] = Sweep(settings).run()
     return result
@@ -191,6 +193,8 @@ def verify(
 ) -> Verification:
     began = time.perf_counter()
     base = read_config(model_dir / "config.pbtxt")
+    # Every candidate is sent the same traffic: the length mix planned for, where there is one.
+    mix = next((c.lengths.mix.text for c in candidates if c.lengths is not None), None)
     names = [f"{base.name or model_dir.name}__{i}" for i in range(len(candidates))]
     with tempfile.TemporaryDirectory(prefix="tidepool-verify-") as tmp:
         repository = Path(tmp)
@@ -212,7 +216,7 @@ def verify(
             by_name = dict(pairs)
             for name, candidate in pairs:
                 progress(f"warming up {candidate.label} at c={max(levels)}")
-                _closed_loop(url, name, max(levels), WARM_UP_S / 2, WARM_UP_S / 2)
+                _closed_loop(url, name, max(levels), WARM_UP_S / 2, WARM_UP_S / 2, mix)
             for index, level in enumerate(levels):
                 runs: dict[str, list[LevelResult]] = {}
                 twins: dict[str, str] = {}  # candidate -> the one measured for it at this level
@@ -222,10 +226,10 @@ def verify(
                         twins[name] = twin
                         continue
                     progress(f"c={level}: {candidate.label}")
-                    runs[name] = [_closed_loop(url, name, level, window_s, LEVEL_WARM_UP_S)]
+                    runs[name] = [_closed_loop(url, name, level, window_s, LEVEL_WARM_UP_S, mix)]
                 for name in unclear(runs, budgets.latency_ms):
                     progress(f"c={level}: {by_name[name].label} again (close to the best or over budget)")
-                    runs[name].append(_closed_loop(url, name, level, window_s, 0.0))
+                    runs[name].append(_closed_loop(url, name, level, window_s, 0.0, mix))
                 measured = {name: runs[twins.get(name, name)] for name in names}
                 figures += [_figures(candidate, level, measured[name], budgets) for name, candidate in pairs]
         finally:

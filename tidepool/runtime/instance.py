@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,18 +15,19 @@ from typing import Any, cast
 
 import torch
 
-from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
 from tidepool.machine import usable_cores
 from tidepool.pool import Block, ExecutionScope, MemoryPool, OutOfMemory, housekeeping, torch_dtype
-from tidepool.pool.host_heap import minor_page_faults, release_free_pages
+from tidepool.pool.host_heap import minor_page_faults
 from tidepool.pool.ledger import NodeLedger
-from tidepool.runtime.batching import Allocate, dummy_inputs, gather, numpy_allocate, split
+from tidepool.runtime.batching import Allocate, gather, numpy_allocate, split
 from tidepool.runtime.cores import CoreShare
 from tidepool.runtime.device import DeviceLink, DeviceOutputs, TorchLink
 from tidepool.runtime.graph import freeze
-from tidepool.runtime.loader import ModelLoadError, apply_precision, load_model
-from tidepool.runtime.pools import NODE_BUDGET_REFUSED, create_pools, refusal
+from tidepool.runtime.lengths import pass_length, probe
+from tidepool.runtime.loader import apply_precision, load_model
+from tidepool.runtime.outputs import check_shape, name_outputs
+from tidepool.runtime.pools import create_pools, refusal
 from tidepool.runtime.process import (
     ProcessRequest,
     ProcessState,
@@ -35,19 +37,14 @@ from tidepool.runtime.process import (
     set_torch_threads,
 )
 from tidepool.runtime.settings import InstanceSettings, Placement
-from tidepool.runtime.validation import RequestError, validate_request
-from tidepool.spec import Array, DType, ModelSpec, TensorSpec, dims_match, parse_model_config
+from tidepool.runtime.validation import RequestError, public_message, sequence_length, validate_request
+from tidepool.runtime.warmup import warm_up
+from tidepool.sequences import Sequences, model_at_length
+from tidepool.spec import Array, DType, ModelSpec, parse_model_config
 
 Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
 Result = Outputs | RequestError
 Requests = Sequence[dict[str, Array]]
-
-WARMUP_MAX_ROUNDS = 10  # per warm-up batch size, while executions still touch fresh pages
-STEADY_PAGE_FAULTS = 64  # an execution below this many minor faults allocated nothing fresh
-
-
-class ModelOutputError(TidepoolError):
-    """The model's outputs do not match what its config declares."""
 
 
 @dataclass
@@ -62,6 +59,9 @@ class Execution:
     page_faults: int = 0
     torch_threads: int = 0  # what elastic threads gave its forward passes (0: not elastic)
     scopes: list[ExecutionScope] = field(default_factory=list)
+    tokens: int = 0  # the sequence positions its requests sent (models with sequence inputs)
+    padded_tokens: int = 0  # positions its passes added to run requests of different lengths together
+    failures: list[str] = field(default_factory=list)  # tracebacks of the model's own failures, for the log
 
     def release(self) -> None:
         for scope in self.scopes:
@@ -85,6 +85,7 @@ class ModelInstance:
     ):
         self.model = model
         self.settings = settings
+        self.sequences = Sequences.of(model)
         self.device = torch.device(settings.device)
         # A GPU instance moves rows and runs its passes through its link (tests pass a simulated one).
         if settings.on_gpu and link is None:
@@ -120,6 +121,8 @@ class ModelInstance:
         self.graph_notes: list[str] = []
         if settings.graph == "frozen":
             self.module = self._frozen(self.module)
+        # How requests of different lengths share passes (Triton sends them only to a ragged model).
+        self.lengths = probe(self.forward, model, self.sequences) if self.sequences else None
         self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
         self.warmup_notes: list[str] = []
         self._held: Execution | None = None  # the last execution, whose blocks its outputs use
@@ -129,12 +132,16 @@ class ModelInstance:
         at the largest warm-up size; the eager module is dropped, so its weights are held once."""
         trace_batch = min(2, max(self.model.max_batch_size, 1))
         largest = max(self.settings.warmup_batch_sizes, default=1)
-        checks = sorted({1, largest} - {trace_batch}) or [trace_batch]  # [trace_batch]: another draw
+        checks = [random_inputs(self.model, batch, seed=2)
+                  for batch in sorted({1, largest} - {trace_batch}) or [trace_batch]]  # fmt: skip
+        if self.sequences is not None:  # and at another length, which a trace may have fixed
+            other = model_at_length(self.model, self.sequences, self.sequences.two_lengths()[1])
+            checks.append(random_inputs(other, trace_batch, seed=2))
         with attention_fast_path_off(self.settings.attention_fast_path_off):  # trace what forward runs
             frozen, self.graph_notes = freeze(
                 module,
                 self._arguments(random_inputs(self.model, trace_batch, seed=1)),
-                [self._arguments(random_inputs(self.model, batch, seed=2)) for batch in checks],
+                [self._arguments(inputs) for inputs in checks],
             )
         return frozen
 
@@ -167,7 +174,7 @@ class ModelInstance:
         """One line for the log: where the instance runs, its pool, the process's settings."""
         pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
         notes = [*self.settings.notes, *self.process_notes, *self.graph_notes, *self.warmup_notes,
-                 *self.budget_notes]  # fmt: skip
+                 *self.budget_notes, *(self.lengths.describe() if self.lengths else [])]  # fmt: skip
         if self.settings.plan_generation:
             notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
         share = self.core_share
@@ -186,34 +193,9 @@ class ModelInstance:
         )
 
     def warm_up(self) -> None:
-        """Dummy batches of each warm-up size, so the first real request is not the slow one: the
-        pool reserves what those batches need, and where the C heap keeps freed memory a size is
-        run again until its execution touches no fresh page (glibc 2.36 places a large aligned
-        block anew a few times before it reuses one)."""
-        retained = self.process.heap.applied
-        self.warmup_rounds = {}
-        for size in self.settings.warmup_batch_sizes:
-            inputs = dummy_inputs(self.model, size)
-            for round_number in range(1, (WARMUP_MAX_ROUNDS if retained else 1) + 1):
-                with self.execute([inputs]) as execution:
-                    [result] = execution.results
-                if isinstance(result, RequestError) and result.code == "RESOURCE_EXHAUSTED":
-                    # A config edited to a larger max_batch_size still loads; such batches are refused.
-                    self.warmup_notes.append(
-                        f"warm-up skipped batch size {size}: it does not fit POOL_LIMIT_BYTES"
-                    )
-                    break
-                if isinstance(result, RequestError) and NODE_BUDGET_REFUSED in str(result):
-                    self.warmup_notes.append(f"warm-up skipped batch size {size}: {result}")
-                    break
-                if isinstance(result, RequestError):
-                    raise ModelLoadError(f"warm-up at batch size {size} failed: {result}")
-                self.warmup_rounds[size] = round_number
-                if execution.page_faults < STEADY_PAGE_FAULTS:
-                    break
-        if retained and self.warmup_rounds:
-            release_free_pages()  # abandoned places stay free chunks but leave the resident set
-            self.execute([dummy_inputs(self.model, max(self.warmup_rounds))]).release()
+        """runtime/warmup.py: the pool reserves what traffic needs before the first request."""
+        done = warm_up(self)
+        self.warmup_rounds, self.warmup_notes = done.rounds, done.notes
 
     def release(self) -> None:
         """Give back the blocks of the last execution (its outputs become invalid)."""
@@ -284,29 +266,59 @@ class ModelInstance:
         results: list[Result | None] = [None] * len(requests)
         valid: list[int] = []
         batch_sizes: list[int] = []
+        lengths: list[int] = []
         for index, inputs in enumerate(requests):
             try:
-                batch_sizes.append(validate_request(inputs, self.model, self.settings.allow_nonfinite))
+                rows = validate_request(inputs, self.model, self.settings.allow_nonfinite)
+                if self.sequences is not None:
+                    lengths.append(sequence_length(inputs, self.model, self.sequences))
+                batch_sizes.append(rows)
                 valid.append(index)
             except RequestError as error:
                 # Kept without its traceback: that holds this frame, whose `results` holds the
                 # error, a cycle that would keep the batch's pool blocks until garbage collection.
                 results[index] = error.with_traceback(None)
-        if self.model.batched and valid:
+        if not self.model.batched:
+            outcomes = [self._run_batch([requests[i]], [1], execution)[0] for i in valid]
+        elif self.lengths is not None and valid:
+            outcomes = self._run_by_length([requests[i] for i in valid], batch_sizes, lengths, execution)
+        elif valid:
             outcomes = self._run_batch([requests[i] for i in valid], batch_sizes, execution)
         else:
-            outcomes = [self._run_batch([requests[i]], [1], execution)[0] for i in valid]
+            outcomes = []
         for index, outcome in zip(valid, outcomes, strict=True):
             results[index] = outcome
         assert all(result is not None for result in results)
         return cast(list[Result], results)
 
-    def _run_batch(self, requests: Requests, batch_sizes: list[int], execution: Execution) -> list[Result]:
+    def _run_by_length(
+        self, requests: Requests, batch_sizes: list[int], lengths: list[int], execution: Execution
+    ) -> list[Result]:
+        """The passes that serve requests of these lengths (runtime/lengths.py), each run in turn."""
+        assert self.lengths is not None
+        outcomes: list[Result | None] = [None] * len(requests)
+        for planned in self.lengths.passes(requests, batch_sizes, lengths):
+            members = planned.members
+            ran = self._run_batch(
+                [requests[m] for m in members], [batch_sizes[m] for m in members], execution,
+                [lengths[m] for m in members],
+            )  # fmt: skip
+            for member, outcome in zip(members, ran, strict=True):
+                outcomes[member] = outcome
+        return cast(list[Result], outcomes)
+
+    def _run_batch(
+        self,
+        requests: Requests,
+        batch_sizes: list[int],
+        execution: Execution,
+        lengths: list[int] | None = None,
+    ) -> list[Result]:
         """One forward pass for these requests. A batch that runs out of memory (the pool's limit
         or the device's) is retried as two halves; only a request that cannot fit alone fails."""
         marks = [scope.mark() for scope in execution.scopes]
         try:
-            return self._forward_split(requests, batch_sizes, execution)
+            return self._forward_split(requests, batch_sizes, execution, lengths)
         except (OutOfMemory, torch.OutOfMemoryError) as error:
             # Kept without its traceback, whose frames hold views of the batch's blocks: those
             # blocks must come back (below, once this clause has let the frames go) before the
@@ -315,19 +327,26 @@ class ModelInstance:
         except RequestError as error:
             return [error.with_traceback(None)] * len(requests)  # see _execute
         except Exception as exc:  # the model's own failure must not take the instance down
-            failure = RequestError(f"the model failed: {type(exc).__name__}: {exc}", code="INTERNAL")
+            # The client learns what failed, the server's log where (never a path to a client).
+            execution.failures.append("".join(traceback.format_exception(exc)))
+            failure = RequestError(f"the model failed: {public_message(exc)}", code="INTERNAL")
             return [failure] * len(requests)
         for scope, mark in zip(execution.scopes, marks, strict=True):
             scope.release_from(mark)
         if len(requests) > 1:
             half = len(requests) // 2
-            return self._run_batch(requests[:half], batch_sizes[:half], execution) + self._run_batch(
-                requests[half:], batch_sizes[half:], execution
-            )
+            halves = [(slice(0, half)), slice(half, None)]
+            return [
+                result
+                for part in halves
+                for result in self._run_batch(
+                    requests[part], batch_sizes[part], execution, lengths[part] if lengths else None
+                )
+            ]
         return [refusal(out_of_memory, batch_sizes[0])]
 
     def _forward_split(
-        self, requests: Requests, batch_sizes: list[int], execution: Execution
+        self, requests: Requests, batch_sizes: list[int], execution: Execution, lengths: list[int] | None
     ) -> list[Result]:
         allocate = self._pool_allocate if self.pools else numpy_allocate
         if not self.model.batched:
@@ -335,13 +354,21 @@ class ModelInstance:
             execution.batches.append(1)
             return [outputs]
         rows = sum(batch_sizes)
+        length = pass_length(lengths, self.sequences) if lengths and self.sequences else 0
         if len(requests) == 1 and self.link is None:
             batch = requests[0]  # one request is already a batch: no copy at all
+        elif lengths and self.lengths is not None and min(lengths) < length:
+            batch = self.lengths.gather(requests, batch_sizes, lengths, length, self.model, allocate)
         else:
             batch = gather(requests, batch_sizes, self.model, allocate)
-        per_request: list[Result] = list(split(self.forward(batch, rows, allocate), batch_sizes))
+        outputs = self.forward(batch, rows, allocate)
         execution.batches.append(rows)
-        return per_request
+        if not lengths or self.lengths is None:
+            return list(split(outputs, batch_sizes))
+        real = sum(r * n for r, n in zip(batch_sizes, lengths, strict=True))
+        execution.tokens += real
+        execution.padded_tokens += rows * length - real
+        return list(self.lengths.cut(outputs, batch_sizes, lengths, allocate))
 
     def _pool_allocate(self, shape: tuple[int, ...], dtype: DType) -> Array:
         """Host memory from the staging pool; on a GPU, pinned and tied to the link's stream, so
@@ -362,7 +389,7 @@ class ModelInstance:
         outputs: Outputs = {}
         for spec in self.model.outputs:
             tensor = produced[spec.name]
-            _check_shape(spec, tuple(tensor.shape), rows)
+            check_shape(spec, tuple(tensor.shape), rows)
             if allocate is numpy_allocate:
                 outputs[spec.name] = tensor.contiguous().numpy()
             else:
@@ -383,7 +410,7 @@ class ModelInstance:
         ]
         produced = link.run(lambda: {name: t.contiguous() for name, t in self._compute(inputs).items()})
         for spec in self.model.outputs:
-            _check_shape(spec, tuple(produced[spec.name].shape), rows)
+            check_shape(spec, tuple(produced[spec.name].shape), rows)
         if self.settings.gpu_outputs == "device":
             return dict(produced)  # sent with from_dlpack: the stub's stream waits for this one
         outputs: Outputs = {}
@@ -403,7 +430,7 @@ class ModelInstance:
     def _compute(self, tensors: list[torch.Tensor]) -> DeviceOutputs:
         """The module on its arguments in the compute precision; each output named, in its config dtype."""
         with torch.inference_mode(), attention_fast_path_off(self.settings.attention_fast_path_off):
-            produced = self._name_outputs(self.module(*self._in_compute_dtype(tensors)))
+            produced = name_outputs(self.module(*self._in_compute_dtype(tensors)), self.model.outputs)
             return {spec.name: produced[spec.name].to(self.output_dtypes[spec.name])
                     for spec in self.model.outputs}  # fmt: skip
 
@@ -419,26 +446,3 @@ class ModelInstance:
         if self.compute_dtype is None:
             return tensors
         return [t.to(self.compute_dtype) if t.is_floating_point() else t for t in tensors]
-
-    def _name_outputs(self, raw: Any) -> dict[str, torch.Tensor]:
-        names = [spec.name for spec in self.model.outputs]
-        if isinstance(raw, dict):
-            missing = [name for name in names if name not in raw]
-            if missing:
-                raise ModelOutputError(f"the model's output dict lacks {', '.join(missing)}")
-            return raw
-        values = [raw] if isinstance(raw, torch.Tensor) else list(raw)
-        if len(values) != len(names):
-            raise ModelOutputError(
-                f"the model returned {len(values)} outputs, "
-                f"the config declares {len(names)} ({', '.join(names)})"
-            )
-        return dict(zip(names, values, strict=True))
-
-
-def _check_shape(spec: TensorSpec, shape: tuple[int, ...], rows: int | None) -> None:
-    expected = ((rows,) if rows is not None else ()) + spec.dims
-    if not dims_match(shape, expected):
-        raise ModelOutputError(
-            f"output {spec.name} has shape {list(shape)}, the config declares {list(expected)}"
-        )

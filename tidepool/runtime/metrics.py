@@ -63,6 +63,9 @@ ELASTIC_WAIT = "tidepool_elastic_wait_us_total"
 # Python's garbage collector in the instance's stub (runtime/gc_watch.py).
 GC_COLLECTIONS = "tidepool_gc_collections_total"  # labelled generation
 GC_PAUSE = "tidepool_gc_pause_us_total"
+# Models with sequence inputs (runtime/lengths.py): positions sent, and positions padding added.
+TOKENS = "tidepool_tokens_total"
+PADDED_TOKENS = "tidepool_padded_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,9 @@ class Family:
     kind: str  # GAUGE or COUNTER, as pb_utils.MetricFamily names them
     description: str
     label: str = ""  # one metric per value of this label, made as the value first turns up
-    only_with: str = ""  # "elastic": only for elastic instances; "gc": only where the GC is watched
+    # "elastic": only for elastic instances; "gc": only where the GC is watched; "sequences": only
+    # for models with sequence inputs
+    only_with: str = ""
 
 
 FAMILIES = (
@@ -91,6 +96,11 @@ FAMILIES = (
     Family(GC_PAUSE, "COUNTER",
            "Microseconds Python's garbage collector stopped the instance's process, execute included",
            only_with="gc"),
+    Family(TOKENS, "COUNTER", "Sequence positions the requests sent (inputs that share the sequence axis)",
+           only_with="sequences"),
+    Family(PADDED_TOKENS, "COUNTER",
+           "Positions the forward passes added as padding, to run requests of different lengths together",
+           only_with="sequences"),
 )  # fmt: skip
 
 # Decimal places kept for ratios, so that a change in the 5th digit does not cost a message.
@@ -119,6 +129,8 @@ class Noted:
     page_faults: int = 0
     passes_by_threads: Counter[int] = field(default_factory=Counter)
     waited_ns: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,10 +143,13 @@ class MetricSources:
     ledgers: Sequence[NodeLedger] = ()
     elastic: bool = False
     gc: GcWatch | None = None
+    sequences: bool = False  # the model has sequence inputs: its tokens are counted
 
     def offer(self, only_with: str) -> bool:
         """Whether a family created `only_with` this ("": every instance) applies here."""
-        return {"": True, "elastic": self.elastic, "gc": self.gc is not None}[only_with]
+        return {"": True, "elastic": self.elastic, "gc": self.gc is not None, "sequences": self.sequences}[
+            only_with
+        ]
 
 
 class InstanceMetrics:
@@ -193,13 +208,23 @@ class InstanceMetrics:
 
     # -- from execute: no messages -----------------------------------------------------------
 
-    def note(self, batches: Sequence[int], page_faults: int, threads: int = 0, waited_ns: int = 0) -> None:
+    def note(
+        self,
+        batches: Sequence[int],
+        page_faults: int,
+        threads: int = 0,
+        waited_ns: int = 0,
+        tokens: tuple[int, int] = (0, 0),
+    ) -> None:
         """After an execution: its batch sizes and page faults; for an elastic instance, the
-        threads its pass ran with and how long it waited for them. Sent at the next flush."""
+        threads its pass ran with and how long it waited for them; the tokens its requests sent and
+        the padding its passes added. Sent at the next flush."""
         with self._noted_lock:
             noted = self._noted
             noted.batches.update(rows for rows in batches if rows > 0)
             noted.page_faults += max(0, page_faults)
+            noted.tokens += tokens[0]
+            noted.padded_tokens += tokens[1]
             if threads > 0:
                 noted.passes_by_threads[threads] += 1
                 noted.waited_ns += waited_ns
@@ -241,6 +266,9 @@ class InstanceMetrics:
                 self.metrics[BATCH_ROWS].increment(sum(rows * n for rows, n in noted.batches.items()))
             if noted.page_faults:
                 self.metrics[PAGE_FAULTS].increment(noted.page_faults)
+            for name, count in ((TOKENS, noted.tokens), (PADDED_TOKENS, noted.padded_tokens)):
+                if count and name in self.metrics:
+                    self.metrics[name].increment(count)
             if ELASTIC_WAIT in self.metrics:
                 for threads, passes in sorted(noted.passes_by_threads.items()):
                     self._labelled(ELASTIC_PASSES, "threads", threads).increment(passes)

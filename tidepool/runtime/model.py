@@ -58,6 +58,7 @@ def responses_for(execution: Execution) -> list[Any]:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
+        self.name = args["model_instance_name"]
         notes = [prepare_openmp(config)]
         metrics_interval_s = flush_interval_s()  # a bad value is refused before the model loads
         placement = Placement.from_triton_args(args)
@@ -79,6 +80,7 @@ class TritonPythonModel:
             self.instance.ledgers,
             elastic=self.instance.core_share is not None,
             gc=gc_watch.start_watching(),
+            sequences=self.instance.sequences is not None,
         )
         self.metrics, metrics_note = InstanceMetrics.create(
             pb_utils, args["model_name"], args["model_instance_name"], sources
@@ -98,10 +100,15 @@ class TritonPythonModel:
         inputs = [{tensor.name(): tensor.as_numpy() for tensor in r.inputs()} for r in requests]
         execution = self.instance.execute(inputs)
         responses = responses_for(execution)
+        for failure in execution.failures:  # its client was told the error's type and message only
+            pb_utils.Logger.log_error(f"tidepool {self.name}: the model failed:\n{failure}")
         if self.metrics is not None:
             share = self.instance.core_share
             waited_ns = share.last_wait_ns if share is not None else 0
-            self.metrics.note(execution.batches, execution.page_faults, execution.torch_threads, waited_ns)
+            tokens = (execution.tokens, execution.padded_tokens)
+            self.metrics.note(
+                execution.batches, execution.page_faults, execution.torch_threads, waited_ns, tokens
+            )
         return responses
 
     def finalize(self) -> None:

@@ -1,12 +1,21 @@
 """Checks one request's inputs against the model's config before anything is gathered, so that a
-bad request fails alone with a message that names the input and the problem."""
+bad request fails alone with a message that names the input and the problem; and what a client is
+told of a failure that is not its own (the exception's type and message, never a traceback or a
+path on the server)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
 from tidepool.errors import TidepoolError
+from tidepool.sequences import SequenceError, Sequences
 from tidepool.spec import Array, ModelSpec, TensorSpec, dims_match, shape_text
+
+# A file path on the server: absolute, or three or more /-separated parts (as TorchScript names
+# its code files); "tokens/s" is no path.
+SERVER_PATH = re.compile(r"(?:(?<![\w.~-])/(?:[\w.~-]+/)*[\w.~-]+)|(?:[\w.~-]+/){2,}[\w.~-]+")
 
 
 class RequestError(TidepoolError, ValueError):
@@ -90,3 +99,24 @@ def validate_request(inputs: dict[str, Array], model: ModelSpec, allow_nonfinite
         _check_dims(spec, array.shape, model.batched)
         _check_values(spec, array, allow_nonfinite)
     return batch_size
+
+
+def sequence_length(inputs: dict[str, Array], model: ModelSpec, sequences: Sequences) -> int:
+    """The request's length along its sequence inputs (after validate_request); RequestError where
+    they disagree, one is empty, or it is over MAX_SEQUENCE_LENGTH."""
+    try:
+        return sequences.length(inputs, model.batched)
+    except SequenceError as error:
+        raise RequestError(str(error)) from None
+
+
+def public_message(error: BaseException) -> str:
+    """`Type: message` of an exception, for a client: a message that carries a traceback (as
+    TorchScript's do) is cut to its last line, and paths on the server are left out."""
+    text = str(error).strip()
+    if "Traceback" in text or "\n" in text:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    text = SERVER_PATH.sub("<path>", text)
+    name = type(error).__name__
+    return text if text.startswith(name) or re.match(r"^\w+(Error|Exception): ", text) else f"{name}: {text}"
