@@ -125,6 +125,22 @@ def test_at_a_quiet_moment_high_fragmentation_is_recycled_away():
     assert stats.fragmentation <= 0.10 and stats.largest_free_block == 64 * MiB
 
 
+def test_maintenance_keeps_the_large_arena_a_working_set_of_large_blocks_needs():
+    # Executions of varying large blocks (text traffic: every request its own length) leave cached
+    # blocks of other sizes, fragmentation over the threshold, and maintenance at each quiet moment.
+    # The small arena (slabs only) must not count as room for them: giving the large arena back
+    # would grow it again at the next execution.
+    pool = fake_pool(arena_bytes=64 * MiB)
+    sizes = [40_000, 300_000, 70_000, 130_000, 500, 90_000]  # a working set under the small arena
+    for round_number in range(20):
+        with pool.execution():
+            for size in sizes[round_number % 3 :]:
+                pool.allocate(size)
+        if round_number == 1:
+            warmed = pool.stats().upstream_allocs
+    assert pool.stats().upstream_allocs == warmed
+
+
 def test_slabs_hold_many_small_blocks_in_one_buddy_block_of_a_small_arena():
     pool = fake_pool()
     blocks = [pool.allocate(1000) for _ in range(SLAB_SIZE // 1024)]

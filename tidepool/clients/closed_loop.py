@@ -3,8 +3,10 @@ for a fixed time. Returns the raw latencies so callers compute their own percent
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,8 +14,10 @@ from tritonclient.utils import InferenceServerException
 
 from tidepool.clients.connection import Connection
 from tidepool.errors import TidepoolError
-from tidepool.inputs import random_inputs
-from tidepool.spec import Array, ModelSpec
+from tidepool.sequences import traffic
+from tidepool.spec import Array, LengthMix, ModelSpec
+
+REQUESTS_PER_CLIENT = 64  # prepared requests each client sends in turn (lengths drawn from the mix)
 
 
 class LoadError(TidepoolError):
@@ -49,8 +53,10 @@ def run_closed_loop(
     batch: int = 1,
     max_requests: int | None = None,
     retries: int = 0,
+    lengths: LengthMix | None = None,
 ) -> LoadResult:
-    """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first."""
+    """Run until `duration_s` has passed or `max_requests` have been answered, whichever is first.
+    A model with sequence inputs is sent lengths drawn from `lengths` (else its LENGTH_MIX)."""
     result = LoadResult(concurrency, duration_s, batch=batch)
     lock = threading.Lock()
     began_at: list[float] = []  # set once every client is connected, before any is released
@@ -62,9 +68,9 @@ def run_closed_loop(
         try:
             with Connection.open(protocol, url) as connection:
                 spec = connection.model_spec(model)
-                inputs = random_inputs(spec, batch=batch, seed=index)
+                requests = traffic(spec, REQUESTS_PER_CLIENT, batch, seed=index, mix=lengths)
                 start.wait()
-                send(connection, spec, inputs)
+                send(connection, spec, itertools.cycle(requests))
         except threading.BrokenBarrierError:
             return  # another client could not start
         except (InferenceServerException, OSError) as exc:
@@ -72,8 +78,10 @@ def run_closed_loop(
                 setup_errors.append(f"client {index} could not start: {exc}")
             start.abort()
 
-    def send(connection: Connection, spec: ModelSpec, inputs: dict[str, Array]) -> None:
-        while time.perf_counter() < began_at[0] + duration_s:
+    def send(connection: Connection, spec: ModelSpec, requests: Iterator[dict[str, Array]]) -> None:
+        for inputs in requests:
+            if time.perf_counter() >= began_at[0] + duration_s:
+                return
             with lock:
                 if max_requests is not None and sent[0] >= max_requests:
                     return

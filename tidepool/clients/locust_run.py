@@ -40,6 +40,7 @@ class LoadSettings:
     step_users: str | None = None  # "8": +8 users each step; "1,2,4,8": the users at each step
     step_seconds: float = 10.0
     request_log: bool = False  # every request in report_dir/requests-<pid>.csv (see RequestLog)
+    lengths: str | None = None  # a length mix for a model with sequence inputs (default: its LENGTH_MIX)
 
 
 @dataclass
@@ -51,6 +52,10 @@ class LoadSummary:
     p99_ms: float
     report_dir: Path
     by_worker: dict[str, int]
+    # A model with sequence inputs (locustfile.named): 0 and NaN otherwise.
+    tokens_per_s: float = 0.0
+    p99_short_ms: float = float("nan")
+    p99_long_ms: float = float("nan")
 
     def verdict(self, p99_bound_ms: float | None) -> list[str]:
         problems = []
@@ -94,6 +99,8 @@ def run_load(settings: LoadSettings) -> LoadSummary:
         env["TIDEPOOL_REQUEST_LOG"] = str(report_dir.resolve())
     if settings.input_data:
         env["TIDEPOOL_INPUT_DATA"] = str(Path(settings.input_data).resolve())
+    if settings.lengths:
+        env["TIDEPOOL_LENGTHS"] = settings.lengths
     if settings.step_users:
         env.update(
             TIDEPOOL_STEP_USERS=str(settings.step_users), TIDEPOOL_STEP_SECONDS=str(settings.step_seconds)
@@ -133,16 +140,19 @@ def read_summary(report_dir: Path) -> LoadSummary:
     if not stats.is_file():
         raise LoadError(f"locust wrote no statistics ({stats} is missing)")
     with stats.open() as handle:
-        aggregated = next((row for row in csv.DictReader(handle) if row["Name"] == "Aggregated"), None)
-    if aggregated is None:
+        rows = {row["Name"]: row for row in csv.DictReader(handle)}
+    if "Aggregated" not in rows:
         raise LoadError(f"{stats} has no Aggregated row")
     workers_file = report_dir / "workers.json"
     by_worker = json.loads(workers_file.read_text()) if workers_file.is_file() else {}
 
-    def number(key: str) -> float:
-        text = aggregated.get(key, "") or "0"
+    def number(key: str, name: str = "Aggregated") -> float:
+        text = rows.get(name, {}).get(key, "") or "0"
         return float(text) if text != "N/A" else 0.0
 
+    named = [name for name in rows if name != "Aggregated"]
+    short = next((name for name in named if name.endswith(" short")), None)
+    long = next((name for name in named if name.endswith(" long")), None)
     return LoadSummary(
         requests=int(number("Request Count")) - int(number("Failure Count")),
         failures=int(number("Failure Count")),
@@ -151,6 +161,12 @@ def read_summary(report_dir: Path) -> LoadSummary:
         p99_ms=number("99%"),
         report_dir=report_dir,
         by_worker=by_worker,
+        # Content size is the tokens a request sent where the requests are named by length.
+        tokens_per_s=sum(number("Requests/s", n) * number("Average Content Size", n) for n in named)
+        if short
+        else 0.0,
+        p99_short_ms=number("99%", short) if short else float("nan"),
+        p99_long_ms=number("99%", long) if long else float("nan"),
     )
 
 

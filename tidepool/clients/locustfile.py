@@ -5,6 +5,10 @@ Chosen by environment (set by `tidepool load`, or by hand):
   TIDEPOOL_MODEL        model to load (required)
   TIDEPOOL_BATCH        rows per request (default 1)
   TIDEPOOL_INPUT_DATA   a .npz or .json file of inputs (default: valid random inputs)
+  TIDEPOOL_LENGTHS      a length mix to send a model with sequence inputs (default: its LENGTH_MIX);
+                        its requests are named MODEL short (at most the median length), MODEL long
+                        (at least the 90th percentile) or MODEL, and their content size is the
+                        tokens they sent
   TIDEPOOL_STEP_USERS, TIDEPOOL_STEP_SECONDS, TIDEPOOL_STEP_COUNT
                         a step load: +STEP_USERS every STEP_SECONDS, STEP_COUNT steps
   TIDEPOOL_WORKER_REPORT  file where the master writes the requests each worker sent
@@ -30,10 +34,13 @@ from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TextIO  # noqa: E402
 
+import numpy as np  # noqa: E402
 from locust import LoadTestShape, User, events, task  # noqa: E402
 
 from tidepool.clients.connection import Connection, addresses  # noqa: E402
-from tidepool.inputs import load_inputs, random_inputs  # noqa: E402
+from tidepool.inputs import load_requests  # noqa: E402
+from tidepool.sequences import Sequences, tokens, traffic  # noqa: E402
+from tidepool.spec import LengthMix, ModelSpec  # noqa: E402
 
 __all__ = ["TritonGrpcUser", "TritonHttpUser"]  # and StepLoad, when a step load is asked for
 
@@ -42,7 +49,25 @@ class TritonRequestFailed(Exception):
     """A failed inference as Locust reports it: the server's own message, not a bare class name."""
 
 
+def named(spec: ModelSpec, model: str, requests: list[dict]) -> list[tuple[dict, str, int]]:
+    """Each request with its name in Locust's statistics and its content size: for a model with
+    sequence inputs, its length class (short: at most the median length, long: at least the 90th
+    percentile) and the tokens it sends; else the model's name, and 0 (the answer's bytes count)."""
+    sequences = Sequences.of(spec)
+    if sequences is None:
+        return [(request, model, 0) for request in requests]
+    lengths = [sequences.length(request, spec.batched) for request in requests]
+    short, long = np.percentile(lengths, 50), np.percentile(lengths, 90)
+    return [
+        (request, f"{model} short" if n <= short else f"{model} long" if n >= long else model,
+         tokens(request, spec, sequences))
+        for request, n in zip(requests, lengths, strict=True)
+    ]  # fmt: skip
+
+
 _users_started = itertools.count()
+_seeds = itertools.count()  # each user draws its own lengths
+REQUESTS_PER_USER = 64
 
 
 class TritonUser(User):
@@ -61,24 +86,32 @@ class TritonUser(User):
         self.spec = self.connection.model_spec(self.model)
         data = os.environ.get("TIDEPOOL_INPUT_DATA")
         batch = int(os.environ.get("TIDEPOOL_BATCH", "1"))
-        self.inputs = load_inputs(data, self.spec) if data else random_inputs(self.spec, batch=batch)
+        lengths = os.environ.get("TIDEPOOL_LENGTHS")
+        mix = LengthMix.parse(lengths, "TIDEPOOL_LENGTHS") if lengths else None
+        requests = (
+            load_requests(data, self.spec)
+            if data
+            else traffic(self.spec, REQUESTS_PER_USER, batch, next(_seeds), mix)
+        )
+        self.requests = itertools.cycle(named(self.spec, self.model, requests))
 
     def on_stop(self) -> None:
         self.connection.close()
 
     @task
     def infer(self) -> None:
+        request, name, sent = next(self.requests)
         began = time.perf_counter()
         error: Exception | None = None
-        length = 0
+        length = sent
         try:
-            outputs = self.connection.infer(self.model, self.inputs, self.spec)
-            length = sum(array.nbytes for array in outputs.values())
+            outputs = self.connection.infer(self.model, request, self.spec)
+            length = sent or sum(array.nbytes for array in outputs.values())
         except Exception as exc:  # every failure is reported to Locust, none ends the user
             error = TritonRequestFailed(str(exc) or type(exc).__name__)
         self.environment.events.request.fire(
             request_type=self.protocol,
-            name=self.model,
+            name=name,
             response_time=(time.perf_counter() - began) * 1e3,
             response_length=length,
             exception=error,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tidepool.commands.common import URL_HELP, add_samples_option, duration
+from tidepool.commands.common import URL_HELP, add_lengths_option, add_samples_option, duration
 
 
 def add(commands: Any) -> None:
@@ -28,6 +28,7 @@ def add(commands: Any) -> None:
     load.add_argument("--report-dir", help="default: a new timestamped folder under ./reports/")
     load.add_argument("--batch", type=int, default=1, help="rows per request")
     add_samples_option(load)
+    add_lengths_option(load)
     load.add_argument(
         "--step-users",
         metavar="N|U1,U2,...",
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             step_users=args.step_users,
             step_seconds=args.step_seconds,
             request_log=args.request_log,
+            lengths=args.lengths,
         )
     )
     print(
@@ -71,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
         f"{summary.failures} failed, "
         f"{summary.requests_per_s:.1f} req/s, p50 {summary.p50_ms:.0f} ms, p99 {summary.p99_ms:.0f} ms"
     )
+    if summary.tokens_per_s:
+        print(
+            f"{summary.tokens_per_s:.0f} tokens/s; p99 of short requests {summary.p99_short_ms:.0f} ms, "
+            f"of long ones {summary.p99_long_ms:.0f} ms"
+        )
     if summary.by_worker:
         print("requests per worker: " + ", ".join(f"{k[:12]} {v}" for k, v in summary.by_worker.items()))
     print(f"reports: {summary.report_dir}/report.html and {summary.report_dir}/locust_*.csv")

@@ -38,9 +38,20 @@ def run(args: argparse.Namespace) -> int:
 
     model_dir = Path(args.model_dir)
     trace = Path(args.trace) if args.trace else None
-    profile = measuring(args).profile(
-        model_dir, args.precision, args.threads, args.graph, trace=trace, progress=progress_printer
-    )
+    measured = measuring(args)
+    mix = measured.mix(model_dir)
+    profile = measured.profile(
+        model_dir, args.precision, args.threads, args.graph, trace=trace, progress=progress_printer,
+        length=round(mix.mean) if mix else None,
+    )  # fmt: skip
+    if mix is not None:  # and over rows x length, for the mix
+        from tidepool.planning.lengths import lengths_to_measure
+        from tidepool.planning.profiler import profile_lengths
+
+        latency_ms = args.max_latency_ms or float("inf")
+        profile = profile_lengths(
+            model_dir, profile, lengths_to_measure(mix), latency_ms, args.seconds_per_point, progress_printer
+        )
     print(file=sys.stderr)
     graph = "" if args.graph == "eager" else f"-{args.graph}"
     out = Path(args.out or f"profiles/{model_dir.name}-{args.device}-{args.precision}{graph}.json")

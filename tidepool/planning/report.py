@@ -71,5 +71,31 @@ def format_report(profile: Profile) -> str:
         lines += ["", "output difference against fp32: "
                   + ", ".join(f"{k} {v:.3g}" for k, v in profile.output_difference.items())]  # fmt: skip
     worst = max((abs(p.fit_error) for p in profile.points), default=math.nan)
-    lines += ["", f"largest fit error: {worst:.1%}"]
+    lines += ["", f"largest fit error: {worst:.1%}", *length_table(profile)]
     return "\n".join(lines) + "\n"
+
+
+def length_table(profile: Profile) -> list[str]:
+    """The points over rows x length, beside the fit that plans for a length mix (planning/lengths.py)."""
+    if not profile.length_points:
+        return []
+    from tidepool.planning.lengths import LengthFit
+
+    fit = LengthFit.of(profile.length_points)
+    lines = [
+        "",
+        f"## Over rows x length: latency(rows, L) = {fit.fixed_ms:.3f} ms + {fit.per_token_ms * 1e3:.2f} us "
+        f"x tokens + {fit.per_token_length_ms * 1e6:.3f} ns x tokens x L (largest error {fit.error:.1%})",
+        "",
+        "| rows | length | tokens | p50 ms | fit ms | p99 ms | pool KiB | torch MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in profile.length_points:
+        lines.append(
+            f"| {p.batch} | {p.length} | {p.batch * p.length} | {p.latency_p50_ms:.2f} | "
+            f"{fit.pass_ms(p.batch, p.length):.2f} | {p.latency_p99_ms:.2f} | {p.io_bytes / 1024:.1f} | "
+            f"{p.tensor_bytes / 2**20:.2f} |"
+        )
+    if profile.unpadded_because:
+        lines += ["", f"requests of different lengths cannot share a pass: {profile.unpadded_because}"]
+    return lines

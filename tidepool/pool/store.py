@@ -130,13 +130,23 @@ class BlockStore:
                     slabs.remove(slab)
 
     def take_empty_arenas(self, reserved: int, keep_bytes: int) -> list[Arena]:
-        """Take empty arenas off (largest first) while more than `keep_bytes` of `reserved` stays;
-        the caller returns them upstream, which orders their frees after the fences."""
+        """Take empty arenas off (largest first) while more than `keep_bytes` of `reserved` stays,
+        and a large arena only while the large arenas left hold `keep_bytes` too: small arenas
+        serve slabs alone, so a working set of large blocks kept in them would be grown again at
+        the next execution; the caller returns them upstream, which orders their frees after the
+        fences."""
         taken = []
+        large = sum(arena.size for arena in self.arenas if not arena.small)
         for arena in sorted(self.arenas, key=lambda a: a.size, reverse=True):
-            if arena.buddy.empty and reserved - arena.size >= keep_bytes:
+            left_large = large - (0 if arena.small else arena.size)
+            if (
+                arena.buddy.empty
+                and reserved - arena.size >= keep_bytes
+                and (arena.small or left_large >= keep_bytes)
+            ):
                 self.arenas.remove(arena)
                 reserved -= arena.size
+                large = left_large
                 taken.append(arena)
         if taken:
             self.order_after_fences(0)  # upstream frees go on the default stream
