@@ -12,6 +12,9 @@ python -m benchmarks.pool execute [--models convnet] [--rounds 2] [--seconds 6]
 python -m benchmarks.pool served [--duration-s 10] [--rounds 2]
     both example models served with the pool on and POOL=off by one real server: throughput
     and p99 at concurrency 1 and 8, and page faults per execution from /metrics
+python -m benchmarks.pool budget [--model encoder] [--levels 1,2,4,8,16] [--rounds 3]
+    what the node budget costs: NODE_BUDGET on against off, under the rate limiter and without it
+    (benchmarks/common/node_budget.py)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import node_budget
 from tidepool.pool import MemoryPool
 from tidepool.pool.host_heap import minor_page_faults
 
@@ -396,12 +400,19 @@ def main() -> None:
     served = commands.add_parser("served", help="served by one real server, pool on and off")
     served.add_argument("--duration-s", type=float, default=10.0)
     served.add_argument("--rounds", type=int, default=2)
+    node_budget.add_arguments(commands.add_parser("budget", help="NODE_BUDGET on against off, served"))
     args = parser.parse_args()
     if args.command == "execute" and args.child:
         model, variant, requests, seconds = args.child
         print(json.dumps(measure_execute(model, variant, int(requests), float(seconds))))
     else:
-        {"alloc": run_alloc, "execute": run_execute, "served": run_served}[args.command](args)
+        commands_run = {
+            "alloc": run_alloc,
+            "execute": run_execute,
+            "served": run_served,
+            "budget": node_budget.run,
+        }
+        commands_run[args.command](args)
 
 
 if __name__ == "__main__":

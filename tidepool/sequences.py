@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from tidepool import parameters as param
 from tidepool.errors import TidepoolError
 from tidepool.inputs import random_inputs
@@ -160,3 +162,18 @@ def tokens(request: Mapping[str, Array], model: ModelSpec, sequences: Sequences 
         return rows
     spec, axis = sequences.inputs[0], sequences.axes[0]
     return rows * int(request[spec.name].shape[(1 if model.batched else 0) + axis])
+
+
+def padded_to(
+    request: Mapping[str, Array], model: ModelSpec, sequences: Sequences, length: int
+) -> dict[str, Array]:
+    """`request` with its sequence inputs padded on the right to `length` (pad.<INPUT>: masks 0), as
+    a client pads where the server cannot batch requests of different lengths together."""
+    cut = 1 if model.batched else 0
+    padded = dict(request)
+    for spec, axis in zip(sequences.inputs, sequences.axes, strict=True):
+        array = request[spec.name]
+        widths = [(0, 0)] * array.ndim
+        widths[cut + axis] = (0, length - array.shape[cut + axis])
+        padded[spec.name] = np.pad(array, widths, constant_values=spec.pad_value)
+    return padded

@@ -21,10 +21,14 @@ Results = dict[str, dict[int, list[LevelResult]]]  # label -> level -> one resul
 
 @dataclass(frozen=True)
 class Target:
-    """One loaded model on one server."""
+    """One loaded model on one server, and how it is sent requests: for a model with sequence
+    inputs, the length mix (None: its LENGTH_MIX) and whether clients pad to its longest."""
 
     grpc_url: str
     model: str
+    lengths: str | None = None
+    pad_to_longest: bool = False
+    metrics_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ def sweep(target: Target, levels: Sequence[int], window_s: float, max_windows: i
         window_s=window_s,
         warmup_s=1.0,
         max_windows=max_windows,
+        lengths=target.lengths,
+        pad_to_longest=target.pad_to_longest,
+        metrics_url=target.metrics_url,
     )
     return Sweep(settings).run()
 

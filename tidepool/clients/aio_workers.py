@@ -92,16 +92,21 @@ class Worker:
         requests: list[dict[str, np.ndarray]],
         shared_memory: bool = False,
         sync_client=None,
+        lengths: list[int] | None = None,
     ) -> None:
+        """`lengths`: the sequence length each request counts as (default: its own; a request a
+        client padded counts its real length)."""
         self.protocol = protocol
         self.model = model
         url = url or DEFAULT_URLS[protocol]
         module = http_aio if protocol == "http" else grpc_aio
         self.client = module.InferenceServerClient(url)
         sequences = Sequences.of(spec)
+        if lengths is None:
+            lengths = [sequences.length(r, spec.batched) if sequences else 0 for r in requests]
         self.prepared = [
-            (wire_inputs(module, spec, request), sequences.length(request, spec.batched) if sequences else 0)
-            for request in (requests[:1] if shared_memory else requests)
+            (wire_inputs(module, spec, request), length)
+            for request, length in list(zip(requests, lengths, strict=True))[: 1 if shared_memory else None]
         ]
         self.turn = 0
         self.regions = SharedMemoryRegions(sync_client, spec, requests[0]) if shared_memory else None

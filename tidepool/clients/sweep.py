@@ -19,7 +19,7 @@ from tidepool.clients.connection import Connection, addresses
 from tidepool.clients.metrics import scrape
 from tidepool.errors import TidepoolError
 from tidepool.inputs import describe_generated, load_requests
-from tidepool.sequences import Sequences, traffic
+from tidepool.sequences import Sequences, padded_to, traffic
 from tidepool.spec import LengthMix, positive_ints
 
 T = TypeVar("T")
@@ -131,6 +131,9 @@ class SweepSettings:
     input_file: str | None = None
     seed: int = 0
     lengths: str | None = None  # a length mix (LengthMix) to send; None: the config's LENGTH_MIX
+    # Every request padded to the longest of the mix (masks 0), as clients pad where the server cannot
+    # batch requests of different lengths together; tokens/s still counts the real lengths.
+    pad_to_longest: bool = False
     metrics_url: str | None = None  # for the padding; None: port 8002 of the first address's host
 
 
@@ -209,8 +212,12 @@ class Sweep:
         if settings.shared_memory and len(self.requests) > 1:
             raise SweepError("--shared-memory sends one request again and again, not a mix of lengths")
         self.rows = next(iter(self.requests[0].values())).shape[0] if self.spec.batched else 1
-        sent = [self.sequences.length(r, self.spec.batched) for r in self.requests] if self.sequences else [0]
-        self.short_up_to, self.long_from = np.percentile(sent, 50), np.percentile(sent, 90)
+        sequences = self.sequences
+        self.lengths = [sequences.length(r, self.spec.batched) for r in self.requests] if sequences else [0]
+        if settings.pad_to_longest and sequences:
+            longest = max(self.lengths)
+            self.requests = [padded_to(r, self.spec, sequences, longest) for r in self.requests]
+        self.short_up_to, self.long_from = np.percentile(self.lengths, 50), np.percentile(self.lengths, 90)
         self.metrics_url = metrics_address(settings, self.urls[0])
 
     def run(self) -> list[LevelResult]:
@@ -255,6 +262,7 @@ class Sweep:
                 rotated(self.requests, n * 7),  # each worker from its own place in the mix
                 s.shared_memory,
                 sync,
+                rotated(self.lengths, n * 7) if self.sequences else None,
             )
             for n in range(workers_needed)
         ]

@@ -1,11 +1,8 @@
-"""What the node budget costs a served model: the shipped config with NODE_BUDGET on (its pools
-reserve from the server's shared ledger, answer trim requests, report in-use bytes after every
-execution) against the same config with NODE_BUDGET off, under Triton's rate limiter (as `tidepool
-serve` starts the server) and without it (as plain tritonserver serves), levels in turn, --rounds
-rounds. Prints infer/s and p99 per level and the ratio of medians on/off.
-
-    .venv/bin/python -m benchmarks.node_budget [--model encoder] [--levels 1,2,4,8,16] [--rounds 3]
-"""
+"""`python -m benchmarks.pool budget`: what the node budget costs a served model: the shipped config
+with NODE_BUDGET on (its pools reserve from the server's shared ledger, answer trim requests, report
+in-use bytes after every execution) against the same config with NODE_BUDGET off, under Triton's
+rate limiter (as `tidepool serve` starts the server) and without it (as plain tritonserver serves),
+levels in turn, --rounds rounds. Prints infer/s and p99 per level and the ratio of medians on/off."""
 
 from __future__ import annotations
 
@@ -28,10 +25,11 @@ from tidepool.testing import MODEL_REPOSITORY
 MODES = {"rate limiter": "execution_count", "no rate limiter": "off"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_in_turn_arguments(parser)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     levels = positive_ints(args.levels, "--levels")
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp)
@@ -54,7 +52,3 @@ def main() -> None:
             rate = median_of(on, "throughput") / median_of(off, "throughput")
             tail = median_of(on, "p99_ms") / median_of(off, "p99_ms")
             print(f"| {mode} | {level} | {cells[0]} | {cells[1]} | {rate:.2f} | {tail:.2f} |")
-
-
-if __name__ == "__main__":
-    main()
