@@ -21,7 +21,7 @@ from tidepool.inputs import random_inputs
 from tidepool.launcher.install import install_backend
 from tidepool.launcher.server import ServerConfig, TritonServer
 from tidepool.runtime.instance import ModelInstance
-from tidepool.testing import REPO_ROOT
+from tidepool.testing import REPO_ROOT, unexplained_tracebacks
 
 REAL_MODELS = REPO_ROOT / "tests" / "real_models"
 QUICK_PLAN = ["--memory-budget", "1GiB", "--latency-budget-ms", "500", "--batch-sizes", "1,2,4",
@@ -103,8 +103,9 @@ def server(repository, planned, tmp_path_factory):
     config = ServerConfig.on_free_ports(repository, backend_directory=backends, plain=True)
     with TritonServer(config) as running:
         yield running
-        log = "\n".join(running.log_tail)
-    assert "Traceback" not in log, log
+        lines = list(running.log_tail)
+    # bert_bare fails on purpose (a negative token id): its traceback is logged, nothing else's.
+    assert unexplained_tracebacks(lines) == [], "\n".join(lines)
 
 
 def in_process(
