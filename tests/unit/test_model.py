@@ -230,3 +230,18 @@ def test_with_metrics_off_the_model_loads_serves_and_says_so(pb_utils, tmp_path)
     np.testing.assert_allclose(output_of(response, "OUT"), np.full((1, 6), 2.0))
     assert "custom metrics off" in pb_utils.state.logged[0][1] and not pb_utils.state.families
     model.finalize()
+
+
+def test_the_log_gets_a_failures_traceback_once_then_a_line_at_each_power_of_ten():
+    from tidepool.runtime.model import FailureLog
+
+    log = FailureLog()
+    trace = "Traceback (most recent call last):\n  File x\nIndexError: index out of range in self\n"
+    lines = [log.line(trace) for _ in range(100)]
+    assert lines[0].startswith("the model failed:\nTraceback") and lines[0].endswith("in self\n")
+    logged = [(i + 1, line) for i, line in enumerate(lines) if line][1:]
+    assert logged == [(n, f"the model failed {n} times so far with: IndexError: index out of range in self")
+                      for n in (10, 100)]  # fmt: skip
+    assert log.line(trace.replace("IndexError", "KeyError")).startswith(
+        "the model failed:\n"
+    )  # another failure

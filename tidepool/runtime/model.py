@@ -55,10 +55,30 @@ def responses_for(execution: Execution) -> list[Any]:
     return responses
 
 
+class FailureLog:
+    """What the server's log says of the model's own failures: the traceback the first time a
+    failure (its last line, `Type: message`) is seen, then a line at its 10th, 100th, ... time, so
+    that a client sending the same bad input again and again cannot flood the log."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def line(self, traceback_text: str) -> str:
+        """The line to log for this failure, or "" for none."""
+        key = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else ""
+        count = self.seen[key] = self.seen.get(key, 0) + 1
+        if count == 1:
+            return f"the model failed:\n{traceback_text}"
+        if str(count).strip("0") == "1":  # 10, 100, 1000, ...
+            return f"the model failed {count} times so far with: {key}"
+        return ""
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         self.name = args["model_instance_name"]
+        self.failures = FailureLog()
         notes = [prepare_openmp(config)]
         metrics_interval_s = flush_interval_s()  # a bad value is refused before the model loads
         placement = Placement.from_triton_args(args)
@@ -101,7 +121,9 @@ class TritonPythonModel:
         execution = self.instance.execute(inputs)
         responses = responses_for(execution)
         for failure in execution.failures:  # its client was told the error's type and message only
-            pb_utils.Logger.log_error(f"tidepool {self.name}: the model failed:\n{failure}")
+            line = self.failures.line(failure)
+            if line:
+                pb_utils.Logger.log_error(f"tidepool {self.name}: {line}")
         if self.metrics is not None:
             share = self.instance.core_share
             waited_ns = share.last_wait_ns if share is not None else 0

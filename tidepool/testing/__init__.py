@@ -38,10 +38,11 @@ def model_variant(source: Path, target_root: Path, name: str, **parameters: str)
 def unexplained_tracebacks(log_lines: list[str] | tuple[str, ...]) -> list[str]:
     """The tracebacks in a server's log that are not a model's own failure, which the backend logs
     on purpose ("the model failed:" on the line before, its client told only type and message)."""
-    lines = list(log_lines)
+    lines = list(log_lines)  # tritonserver writes a message's newlines as \\n, on one line
     return [
         line for index, line in enumerate(lines)
-        if "Traceback" in line and not (index and "the model failed:" in lines[index - 1])
+        if "Traceback" in line and "the model failed:" not in line
+        and not (index and "the model failed:" in lines[index - 1])
     ]  # fmt: skip
 
 
