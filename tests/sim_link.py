@@ -17,9 +17,12 @@ class SimulatedLink:
     """The instance's device seam over a SimDevice: device tensors are CPU tensors over the
     simulated device's memory; copies and the forward pass are queued on one stream."""
 
-    def __init__(self, device: SimDevice) -> None:
+    def __init__(self, device: SimDevice, stream: int | None = None) -> None:
+        """On `stream` (0: the legacy default stream, which torch hands a GPU instance unless
+        per-thread default streams are on), else on a stream of its own."""
         self.sim = device
-        self.stream = device.new_stream()
+        device.cuCtxSetCurrent(("context", 0))  # as torch's runtime makes its context current
+        self.stream = device.new_stream() if stream is None else stream
         self._addresses: dict[int, int] = {}  # a device tensor's host alias -> its device address
 
     def _tensor(self, ptr: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

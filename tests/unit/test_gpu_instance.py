@@ -19,12 +19,20 @@ from tidepool.runtime.instance import ModelInstance
 from tidepool.runtime.settings import Placement
 
 
-def gpu_instance(device, tmp_path, outputs="host", placement=None, **parameters) -> ModelInstance:
+@pytest.fixture(params=[0, None], ids=["legacy default stream", "a created stream"])
+def stream(request) -> int | None:
+    """The stream the instance runs on: 0, what torch hands a GPU instance (its current stream,
+    unless per-thread default streams are on), or one created for it."""
+    return request.param
+
+
+def gpu_instance(device, tmp_path, stream, outputs="host", placement=None, **parameters) -> ModelInstance:
     config = copy.deepcopy(TOKENS_CONFIG)
     config["parameters"] |= {"DEVICE": {"string_value": "cuda"}, "GPU_OUTPUTS": {"string_value": outputs}}
     config["parameters"] |= {name: {"string_value": value} for name, value in parameters.items()}
+    link = SimulatedLink(device, stream)
     return ModelInstance.load(
-        config, tiny_model_dir(tmp_path), placement, cuda_available=lambda: True, link=SimulatedLink(device)
+        config, tiny_model_dir(tmp_path), placement, cuda_available=lambda: True, link=link
     )
 
 
@@ -32,12 +40,12 @@ def expected(request) -> np.ndarray:
     return request["IDS"].astype(np.float32) * request["SCALE"]
 
 
-def test_staging_is_written_again_only_after_the_copy_that_reads_it_ran(sim, tmp_path):
+def test_staging_is_written_again_only_after_the_copy_that_reads_it_ran(sim, tmp_path, stream):
     """Two executions back to back, the device still behind: the second gathers its rows into the
     pinned block the first one's copy reads. Without the event, that copy would carry the second
     batch's rows and the first batch's outputs would be the second's."""
     device = sim()
-    instance = gpu_instance(device, tmp_path, outputs="device")
+    instance = gpu_instance(device, tmp_path, stream, outputs="device")
     assert instance.pool.kind == "cuda" and instance.staging.kind == "pinned"
     first, second = (random_inputs(instance.model, batch=3, seed=seed) for seed in (1, 2))
     [outputs_first] = instance.execute([first]).results
@@ -51,9 +59,9 @@ def test_staging_is_written_again_only_after_the_copy_that_reads_it_ran(sim, tmp
     instance.close()
 
 
-def test_outputs_read_back_to_the_host_are_there_when_execute_returns(sim, tmp_path):
+def test_outputs_read_back_to_the_host_are_there_when_execute_returns(sim, tmp_path, stream):
     device = sim()
-    instance = gpu_instance(device, tmp_path, outputs="host")
+    instance = gpu_instance(device, tmp_path, stream, outputs="host")
     for seed in range(5):
         request = random_inputs(instance.model, batch=1 + seed % 4, seed=seed)
         [outputs] = instance.execute([request]).results
@@ -65,9 +73,11 @@ def test_outputs_read_back_to_the_host_are_there_when_execute_returns(sim, tmp_p
 
 @pytest.mark.parametrize("outputs", ["host", "device"])
 @pytest.mark.parametrize("seed", range(4))
-def test_every_output_is_exact_while_the_device_runs_work_at_random_moments(sim, tmp_path, outputs, seed):
+def test_every_output_is_exact_while_the_device_runs_work_at_random_moments(
+    sim, tmp_path, stream, outputs, seed
+):
     device = sim(progress=0.3, seed=seed)
-    instance = gpu_instance(device, tmp_path, outputs=outputs)
+    instance = gpu_instance(device, tmp_path, stream, outputs=outputs)
     rng = np.random.default_rng(seed)
     answered = []
     for round_number in range(25):
@@ -84,9 +94,9 @@ def test_every_output_is_exact_while_the_device_runs_work_at_random_moments(sim,
     assert not any(a.live and a.pool is not None for a in device.device_memory.values())
 
 
-def test_steady_state_takes_nothing_from_the_driver(sim, tmp_path):
+def test_steady_state_takes_nothing_from_the_driver(sim, tmp_path, stream):
     device = sim(progress=0.5)
-    instance = gpu_instance(device, tmp_path)
+    instance = gpu_instance(device, tmp_path, stream)
     warm = [pool.stats().upstream_allocs for pool in instance.pools]
     for round_number in range(40):
         rows = 1 + round_number % 4
@@ -95,9 +105,9 @@ def test_steady_state_takes_nothing_from_the_driver(sim, tmp_path):
     instance.close()
 
 
-def test_a_gpu_instance_without_the_pool_copies_from_pageable_memory(sim, tmp_path):
+def test_a_gpu_instance_without_the_pool_copies_from_pageable_memory(sim, tmp_path, stream):
     device = sim()
-    instance = gpu_instance(device, tmp_path, outputs="host", POOL="off")
+    instance = gpu_instance(device, tmp_path, stream, outputs="host", POOL="off")
     assert instance.pools == []
     request = random_inputs(instance.model, batch=2, seed=4)
     [outputs] = instance.execute([request]).results
@@ -105,14 +115,16 @@ def test_a_gpu_instance_without_the_pool_copies_from_pageable_memory(sim, tmp_pa
     instance.close()
 
 
-def test_an_execute_waits_for_no_trim_and_the_housekeeping_does_it_afterwards(sim, tmp_path, monkeypatch):
+def test_an_execute_waits_for_no_trim_and_the_housekeeping_does_it_afterwards(
+    sim, tmp_path, stream, monkeypatch
+):
     """A budgeted GPU instance asked to lend, with its maintenance due: the execution itself
     neither trims nor waits for the device (counted by the simulated driver); the housekeeping
     that runs after it does both."""
     monkeypatch.setattr("tidepool.pool.ledger.SHM_DIRECTORY", tmp_path)
     device = sim()
     placement = Placement(kind="GPU", model_name="tokens", instance_name="tokens_0", server_pid=4_000_001)
-    instance = gpu_instance(device, tmp_path, outputs="device", placement=placement)
+    instance = gpu_instance(device, tmp_path, stream, outputs="device", placement=placement)
     housekeeping.unwatch(instance.housekeep)  # this test runs it itself, after the execution
     request = random_inputs(instance.model, batch=2, seed=1)
     instance.execute([request])
@@ -132,9 +144,9 @@ def test_an_execute_waits_for_no_trim_and_the_housekeeping_does_it_afterwards(si
     instance.close()
 
 
-def test_the_log_line_names_the_device_the_driver_and_the_bindings(sim, tmp_path):
+def test_the_log_line_names_the_device_the_driver_and_the_bindings(sim, tmp_path, stream):
     device = sim(13000, 13)
-    instance = gpu_instance(device, tmp_path)
+    instance = gpu_instance(device, tmp_path, stream)
     line = instance.describe()
     assert "cuda:0, outputs to the host" in line
     assert "pool cuda (asked for cuda: Simulated GPU, driver CUDA 13.0, cuda-bindings for CUDA 13.4)" in line

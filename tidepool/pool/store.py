@@ -48,7 +48,8 @@ class BlockStore:
     def put_back(self, location: Location, capacity: int, stream: Any) -> None:
         """A freed block's memory, onto its free list (or pending, behind its stream's work)."""
         key = self.key(capacity, stream)
-        if self.staged and stream_key(stream):
+        # Any stream, the legacy default stream (handle 0) included: None is the host's own use.
+        if self.staged and stream is not None:
             event = self.resource.record_event(stream_key(stream))
             if event is not None:
                 self.pending.add(key, event, location)
