@@ -23,6 +23,7 @@ def sim(monkeypatch):
 
     def install(version: int = 12040, bindings: int = 12, **options) -> SimDevice:
         device = SimDevice(version, bindings, **options)
+        device.cuCtxSetCurrent(("context", 0))  # the test's thread, as torch's runtime leaves it
         monkeypatch.setattr(cuda_driver, "bindings", lambda: device)
         cuda_driver.cuda_status.cache_clear()
         return device

@@ -3,14 +3,16 @@ stream runs only when something waits for it (or, with `progress`, at seeded ran
 asynchronous copies read their source when they run, events mark a point in a stream, device
 memory is backed by host buffers at fake addresses so that contents can be checked end to end, a
 cuMemPool keeps what it reserved until trimmed (or a synchronize passes its release threshold),
-and every call needs a current context. It stands in for cuda-python's driver module
-(`cuda.bindings.driver`) of either generation (`bindings=12` or `13`) over a driver of any version.
-Its enums and structs: sim_cuda_types.py; the instance's device link over it: sim_link.py."""
+and every call needs a current context. The legacy default stream (handle 0) is the device's: it
+waits for every blocking stream's earlier work and they for its. A stream-ordered allocation is
+usable on its stream's order (SimFault where other work uses it first), and device memory freed
+while work queued on another stream still uses it is a SimFault too. It stands in for
+cuda-python's driver module (`cuda.bindings.driver`) of either generation (`bindings=12` or `13`)
+over a driver of any version. Its enums and structs: sim_cuda_types.py; its memory:
+sim_cuda_memory.py; the instance's device link over it: sim_link.py."""
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import itertools
 import random
 import threading
@@ -18,13 +20,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
+from tests.sim_cuda_memory import SimMemory
 from tests.sim_cuda_types import (
     CU_MEMHOSTALLOC_PORTABLE,
     OK,
-    POISON,
-    UNWRITTEN,
     CUevent_flags,
     CUmemAllocationType,
     CUmemLocationType,
@@ -38,30 +37,11 @@ from tests.sim_cuda_types import (
     _Event,
     _Pool,
     cuuint64_t,
+    driver_call,
 )
 
 
-def _driver_call(values: int = 0, blocks: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A driver call: maybe some queued work runs first; without a current context, the error (and
-    `values` Nones after it, as the call's result has them); else the call, under the device's lock,
-    counted in `blocking_calls` where it `blocks` the host (or trims a pool)."""
-
-    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def call(self: SimDevice, *args: Any) -> Any:
-            if error := self._call(method.__name__):
-                return (error, *([None] * values))
-            with self._lock:
-                if blocks:
-                    self.blocking_calls.append((method.__name__, threading.current_thread().name))
-                return method(self, *args)
-
-        return call
-
-    return wrap
-
-
-class SimDevice:
+class SimDevice(SimMemory):
     """One simulated GPU and the driver in front of it. `version` is what cuDriverGetVersion answers
     (12040: CUDA 12.4); `bindings` the generation of cuda-bindings it stands for (its CUDA_VERSION);
     `progress` the chance that, at any driver call, one queued item of some stream runs."""
@@ -103,6 +83,7 @@ class SimDevice:
         self.calls_without_context: list[str] = []
         self.blocking_calls: list[tuple[str, str]] = []  # (call, thread) that blocked or trimmed
         self.trims: list[tuple[int, int]] = []  # (pool, bytes kept) of each cuMemPoolTrimTo
+        self.primary_retained = 0  # cuDevicePrimaryCtxRetain less cuDevicePrimaryCtxRelease
 
     # -- the queues ------------------------------------------------------------------------
 
@@ -200,20 +181,30 @@ class SimDevice:
         return OK, CUresult(error).name.encode()
 
     def cuDevicePrimaryCtxRetain(self, device):  # noqa: N802
+        self.primary_retained += 1
         return OK, ("context", device)
+
+    def cuDevicePrimaryCtxRelease(self, device):  # noqa: N802
+        if self.primary_retained == 0:
+            raise SimFault("the primary context was released more often than retained")
+        self.primary_retained -= 1
+        return (OK,)
 
     def cuCtxSetCurrent(self, context):  # noqa: N802
         self._local.context = context
         return (OK,)
 
-    @_driver_call(blocks=True)
+    def cuCtxGetCurrent(self):  # noqa: N802
+        return OK, getattr(self._local, "context", None)
+
+    @driver_call(blocks=True)
     def cuCtxSynchronize(self):  # noqa: N802
         for stream in list(self.streams):
             self._run(stream)
         self._release_above_thresholds()
         return (OK,)
 
-    @_driver_call(values=1)
+    @driver_call(values=1)
     def cuStreamCreate(self, flags):  # noqa: N802
         handle = next(self._handles)
         self.streams[handle] = deque()
@@ -221,25 +212,32 @@ class SimDevice:
             self.non_blocking.add(handle)
         return OK, handle
 
-    @_driver_call(blocks=True)
+    @driver_call()
+    def cuStreamDestroy(self, stream):  # noqa: N802
+        self._run(int(stream))  # its queued work still completes, as on a device
+        del self.streams[int(stream)]
+        self.non_blocking.discard(int(stream))
+        return (OK,)
+
+    @driver_call(blocks=True)
     def cuStreamSynchronize(self, stream):  # noqa: N802
         self._run(int(stream or 0))
         self._release_above_thresholds()
         return (OK,)
 
-    @_driver_call()
+    @driver_call()
     def cuStreamWaitEvent(self, stream, event, flags):  # noqa: N802
         recorded = _Event(self.events[int(event)].marker)  # what is recorded now, not later
         self._queue(stream, "wait", lambda: None, event=recorded)
         return (OK,)
 
-    @_driver_call(values=1)
+    @driver_call(values=1)
     def cuEventCreate(self, flags):  # noqa: N802
         handle = next(self._handles)
         self.events[handle] = _Event()
         return OK, handle
 
-    @_driver_call()
+    @driver_call()
     def cuEventRecord(self, event, stream):  # noqa: N802
         state = self.events[int(event)]
         # An idle stream passes a record at once, as a real device does.
@@ -247,18 +245,18 @@ class SimDevice:
         state.marker = None if idle else self._queue(stream, "record", lambda: None)
         return (OK,)
 
-    @_driver_call()
+    @driver_call()
     def cuEventQuery(self, event):  # noqa: N802
         return (OK if self.events[int(event)].complete else CUresult.CUDA_ERROR_NOT_READY,)
 
-    @_driver_call(blocks=True)
+    @driver_call(blocks=True)
     def cuEventSynchronize(self, event):  # noqa: N802
         marker = self.events[int(event)].marker
         if marker is not None and not marker.done:
             self._run_to(marker)
         return (OK,)
 
-    @_driver_call()
+    @driver_call()
     def cuEventDestroy(self, event):  # noqa: N802
         del self.events[int(event)]
         return (OK,)
@@ -269,182 +267,8 @@ class SimDevice:
         flags = CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else CUstream_flags.CU_STREAM_DEFAULT
         return int(self.cuStreamCreate(flags)[1])
 
-    def launch(self, stream: int, kernel: Callable[[], None]) -> None:
-        """Queue a kernel (any host function standing for device work) on `stream`."""
+    def launch(self, stream: int, kernel: Callable[[], None], touches: tuple[int, ...] = ()) -> None:
+        """Queue a kernel (any host function standing for device work) on `stream`; `touches`: the
+        device addresses it reads or writes."""
         with self._lock:
-            self._queue(stream, "kernel", kernel)
-
-    # -- device memory -----------------------------------------------------------------------
-
-    def _device_span(self, ptr: int, nbytes: int) -> np.ndarray:
-        """The host buffer behind device bytes [ptr, ptr + nbytes); SimFault outside a live allocation."""
-        for base, allocation in self.device_memory.items():
-            if base <= ptr and ptr + nbytes <= base + len(allocation.buffer):
-                if not allocation.live:
-                    raise SimFault(f"device memory {ptr:#x} is used after its free ran")
-                return allocation.buffer[ptr - base : ptr - base + nbytes]
-        raise SimFault(f"device memory {ptr:#x} (+{nbytes}) was never allocated")
-
-    def device_array(self, ptr: int, nbytes: int) -> np.ndarray:
-        """A host view of device memory, for tests and the simulated link (no queue runs)."""
-        with self._lock:
-            return self._device_span(int(ptr), nbytes)
-
-    def device_scratch(self, nbytes: int) -> int:
-        """Device memory outside any pool (what torch's own allocator would hand out)."""
-        with self._lock:
-            ptr = next(self._handles)
-            self.device_memory[ptr] = _DeviceAllocation(None, np.full(max(nbytes, 1), UNWRITTEN, np.uint8))
-            return ptr
-
-    @_driver_call(values=1)
-    def cuMemPoolCreate(self, props):  # noqa: N802
-        handle = next(self._handles)
-        # Drivers before 12.2 ignore maxSize: the pool grows until the device is full.
-        self.pools[handle] = _Pool(props.maxSize if self.version >= 12020 and props.maxSize else 0)
-        return OK, handle
-
-    @_driver_call()
-    def cuMemPoolSetAttribute(self, pool, attribute, value):  # noqa: N802
-        state = self.pools[int(pool)]
-        name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
-        if name == "RELEASE_THRESHOLD":
-            state.threshold = int(value)
-        elif name in ("RESERVED_MEM_HIGH", "USED_MEM_HIGH"):  # only a reset to 0 is allowed
-            setattr(state, name.lower().replace("_mem", ""), int(value))
-        else:
-            raise SimFault(f"{name} cannot be set")
-        return (OK,)
-
-    @_driver_call(values=1)
-    def cuMemPoolGetAttribute(self, pool, attribute):  # noqa: N802
-        state = self.pools[int(pool)]
-        name = CUmemPool_attribute(attribute).name.removeprefix("CU_MEMPOOL_ATTR_")
-        value = {
-            "RELEASE_THRESHOLD": state.threshold,
-            "RESERVED_MEM_CURRENT": state.reserved,
-            "RESERVED_MEM_HIGH": state.reserved_high,
-            "USED_MEM_CURRENT": state.used,
-            "USED_MEM_HIGH": state.used_high,
-        }[name]
-        return OK, cuuint64_t(value)
-
-    @_driver_call(values=1)
-    def cuMemAllocFromPoolAsync(self, nbytes, pool, stream):  # noqa: N802
-        state = self.pools[int(pool)]
-        grow = max(0, nbytes - state.cached)
-        device_reserved = sum(p.reserved for p in self.pools.values())
-        if device_reserved + grow > self.device_bytes or (
-            state.max_size and state.reserved + grow > state.max_size
-        ):
-            return CUresult.CUDA_ERROR_OUT_OF_MEMORY, None
-        state.cached -= nbytes - grow
-        state.reserved += grow
-        state.used += nbytes
-        state.reserved_high = max(state.reserved_high, state.reserved)
-        state.used_high = max(state.used_high, state.used)
-        ptr = next(self._handles)
-        self.device_memory[ptr] = _DeviceAllocation(int(pool), np.full(nbytes, UNWRITTEN, np.uint8))
-        return OK, ptr
-
-    @_driver_call()
-    def cuMemFreeAsync(self, ptr, stream):  # noqa: N802
-        allocation = self.device_memory.get(int(ptr))
-        if allocation is None or allocation.pool is None:
-            raise SimFault(f"cuMemFreeAsync of {int(ptr):#x}, which no pool handed out")
-
-        def free() -> None:
-            if not allocation.live:
-                raise SimFault(f"device memory {int(ptr):#x} freed twice")
-            allocation.live = False
-            state = self.pools[allocation.pool]
-            state.used -= len(allocation.buffer)
-            state.cached += len(allocation.buffer)
-
-        self._queue(stream, "free", free)
-        return (OK,)
-
-    @staticmethod
-    def _trim(state: _Pool, keep: int) -> None:
-        # Only frees that ran count: one still queued keeps its memory outstanding.
-        give = min(state.cached, max(0, state.reserved - keep))
-        state.cached -= give
-        state.reserved -= give
-
-    @_driver_call(blocks=True)
-    def cuMemPoolTrimTo(self, pool, keep):  # noqa: N802
-        self.trims.append((int(pool), int(keep)))
-        self._trim(self.pools[int(pool)], int(keep))
-        return (OK,)
-
-    @_driver_call()
-    def cuMemPoolDestroy(self, pool):  # noqa: N802
-        del self.pools[int(pool)]
-        return (OK,)
-
-    # -- pinned host memory and copies ------------------------------------------------------
-
-    @_driver_call(values=1)
-    def cuMemHostAlloc(self, nbytes, flags):  # noqa: N802
-        buffer = (ctypes.c_ubyte * nbytes)()
-        ptr = ctypes.addressof(buffer)
-        with self._lock:
-            self.host_allocations[ptr] = buffer
-        return OK, ptr
-
-    @_driver_call()
-    def cuMemFreeHost(self, ptr):  # noqa: N802
-        busy = [w for q in self.streams.values() for w in q if w.reads_host == int(ptr)]
-        if busy:
-            raise SimFault(f"pinned memory {int(ptr):#x} freed while a queued copy uses it")
-        buffer = self.host_allocations.pop(int(ptr))
-        ctypes.memset(int(ptr), POISON, len(buffer))
-        self.freed_host.append(buffer)
-        return (OK,)
-
-    def _pinned_base(self, ptr: int) -> int | None:
-        for base, buffer in self.host_allocations.items():
-            if base <= ptr < base + len(buffer):
-                return base
-        return None
-
-    @staticmethod
-    def _host(ptr: int, nbytes: int) -> np.ndarray:
-        return np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(ptr))
-
-    def cuMemcpyHtoDAsync(self, dst, src, nbytes, stream):  # noqa: N802
-        """From pinned memory the copy reads its source when it runs; from pageable memory the
-        call returns once the source is read (the driver stages it), as CUDA does."""
-        if error := self._call("cuMemcpyHtoDAsync"):
-            return (error,)
-        with self._lock:
-            dst, src = int(dst), int(src)
-            self._device_span(dst, nbytes)  # a bad destination fails at the call
-
-            def copy(data: np.ndarray | None = None) -> None:
-                self._device_span(dst, nbytes)[:] = self._host(src, nbytes) if data is None else data
-
-            pinned = self._pinned_base(src)
-            if pinned is None:
-                staged = self._host(src, nbytes).copy()
-                self._queue(stream, "copy", lambda: copy(staged))
-            else:
-                self._queue(stream, "copy", copy, reads_host=pinned)
-        return (OK,)
-
-    def cuMemcpyDtoHAsync(self, dst, src, nbytes, stream):  # noqa: N802
-        """Into pinned memory the copy writes when it runs; into pageable memory the call returns
-        once the copy is done."""
-        if error := self._call("cuMemcpyDtoHAsync"):
-            return (error,)
-        with self._lock:
-            dst, src = int(dst), int(src)
-
-            def copy() -> None:
-                self._host(dst, nbytes)[:] = self._device_span(src, nbytes)
-
-            pinned = self._pinned_base(dst)
-            work = self._queue(stream, "copy", copy, reads_host=pinned)
-            if pinned is None:
-                self._run(int(stream or 0), work)
-        return (OK,)
+            self._queue(stream, "kernel", kernel, touches=touches)

@@ -1,11 +1,14 @@
 """The simulated device's enums and structs, named as cuda-bindings names them (the calls the pool
-makes read them), and the items its streams queue."""
+makes read them), the items its streams queue, and the wrapper of its driver calls."""
 
 from __future__ import annotations
 
 import enum
+import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +81,7 @@ class Work:
     run: Callable[[], None]
     seq: int
     reads_host: int | None = None  # the pinned buffer a copy reads or writes, while queued
+    touches: tuple[int, ...] = ()  # device addresses it reads or writes
     event: _Event | None = None  # for "wait": the event it waits for
     done: bool = False
 
@@ -107,3 +111,24 @@ class _DeviceAllocation:
     pool: int | None
     buffer: np.ndarray
     live: bool = True
+    ready: bool = True  # its stream-ordered allocation has run on its stream
+
+
+def driver_call(values: int = 0, blocks: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A driver call: maybe some queued work runs first; without a current context, the error (and
+    `values` Nones after it, as the call's result has them); else the call, under the device's lock,
+    counted in `blocking_calls` where it `blocks` the host (or trims a pool)."""
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any) -> Any:
+            if error := self._call(method.__name__):
+                return (error, *([None] * values))
+            with self._lock:
+                if blocks:
+                    self.blocking_calls.append((method.__name__, threading.current_thread().name))
+                return method(self, *args)
+
+        return call
+
+    return wrap

@@ -170,12 +170,13 @@ def test_a_budgeted_device_pool_counts_its_memory_free_only_once_the_driver_has_
 
 
 def test_a_device_block_freed_on_one_stream_is_not_handed_to_another(sim):
-    sim()
+    device = sim()
+    one, two = device.new_stream(), device.new_stream()
     with MemoryPool("cuda", limit_bytes=256 * MiB) as pool:
-        first = pool.allocate(1 * MiB, stream=7)
+        first = pool.allocate(1 * MiB, stream=one)
         first.free()
-        assert pool.allocate(1 * MiB, stream=7).ptr == first.ptr  # same stream: reused at once
-        other = pool.allocate(1 * MiB, stream=9)
+        assert pool.allocate(1 * MiB, stream=one).ptr == first.ptr  # same stream: reused at once
+        other = pool.allocate(1 * MiB, stream=two)
         assert other.ptr != first.ptr  # another stream: its work may still be queued on the first
 
 

@@ -293,7 +293,7 @@ class MemoryPool(Maintenance):
             self._reserved -= size
             self.resource.deallocate(allocation)
             raise PoolError("allocate: the pool was closed meanwhile")
-        self._store.add_arena(Arena(allocation, small))
+        self._store.add_arena(Arena(allocation, small), on_stream or 0)
         self._upstream_allocs += 1
         self._peak_reserved = max(self._peak_reserved, self._reserved)
 
@@ -384,7 +384,10 @@ class MemoryPool(Maintenance):
                 return
             self._closed = True
             waiting = list(self._store.pending.take_all())
-            self._store.order_after_fences(0)
+            # Device blocks still cached per stream leave fences as they merge back: the frees
+            # below are queued after the work that used them.
+            self._store.recycle()
+            self._store.order_after_fences(self.resource.release_stream)
         for event, _ in waiting:
             event.wait()
             event.close()

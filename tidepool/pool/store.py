@@ -99,9 +99,15 @@ class BlockStore:
         if self.fences:
             self.fences.order(stream_key(stream))
 
-    def add_arena(self, arena: Arena) -> None:
+    def add_arena(self, arena: Arena, stream: int) -> None:
+        """An arena allocated in `stream`'s order: carved for another stream, it is used there only
+        after that point (a fence, as for memory a stream gave back)."""
         self.arenas.append(arena)
         self.arenas.sort(key=lambda a: a.size)  # fill small arenas first
+        if self.per_stream:
+            event = self.resource.record_event(stream)
+            if event is not None:
+                self.fences.add(stream, event)
 
     def recycle(self, small_too: bool = True) -> None:
         """Give cached free blocks back to their buddy allocators, merging buddies. With
@@ -150,7 +156,7 @@ class BlockStore:
                 large = left_large
                 taken.append(arena)
         if taken:
-            self.order_after_fences(0)  # upstream frees go on the default stream
+            self.order_after_fences(self.resource.release_stream)  # where upstream frees are queued
         return taken
 
     def has_cached_large(self) -> bool:

@@ -44,6 +44,9 @@ class StreamEvent(Protocol):
 class MemoryResource(Protocol):
     kind: str  # "host", "pinned", "cuda" or "fake"
     device: int | None
+    # The stream its frees are queued on, which the pool orders after the streams that used the
+    # memory (0 where memory has no streams).
+    release_stream: int
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation: ...
 

@@ -14,6 +14,7 @@ class BudgetedResource:
         self.entry = entry
         self.kind = upstream.kind
         self.device = upstream.device
+        self.release_stream = upstream.release_stream
         self.held = 0  # bytes of live upstream allocations
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:

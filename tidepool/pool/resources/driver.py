@@ -1,12 +1,15 @@
 """The CUDA driver through cuda-python, found once: which bindings are installed (cuda-bindings 12.x
 or 13.x, picked at import) and whether this node's driver takes them, a device and its primary
 context, events, and a checked call helper that turns CUresult codes into exceptions. Resources
-make their context current before every driver call, since a pool is used from more than one
-thread (a loading thread, the stub's main thread, a view that goes in garbage collection)."""
+make their context current around every driver call and restore the caller's after it, since a
+pool is used from more than one thread (a loading thread, the stub's main thread, a view that goes
+in garbage collection), each of which may have a context of its own current."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tidepool.pool.errors import CudaUnavailable
@@ -98,14 +101,28 @@ def require_cuda(device: int = 0) -> None:
 
 
 def primary_context(device: int) -> Any:
-    """The device's primary context (the one torch's runtime shares), retained for the caller."""
+    """The device's primary context (the one torch's runtime shares), retained for the caller, who
+    releases it (release_primary_context) when done."""
     driver = bindings()
     return check(driver.cuDevicePrimaryCtxRetain(check(driver.cuDeviceGet(device))))
 
 
-def make_current(context: Any) -> None:
-    """Make `context` current on the calling thread (cheap; a driver call needs one current)."""
-    check(bindings().cuCtxSetCurrent(context))
+def release_primary_context(device: int) -> None:
+    driver = bindings()
+    check(driver.cuDevicePrimaryCtxRelease(check(driver.cuDeviceGet(device))))
+
+
+@contextmanager
+def current(context: Any) -> Iterator[Any]:
+    """`context` current on the calling thread for the driver calls inside (the driver module is
+    yielded), and the thread's own context current again after them."""
+    driver = bindings()
+    previous = check(driver.cuCtxGetCurrent())
+    check(driver.cuCtxSetCurrent(context))
+    try:
+        yield driver
+    finally:
+        check(driver.cuCtxSetCurrent(previous))
 
 
 def device_total_bytes(device: int) -> int:
@@ -125,45 +142,47 @@ class DriverEvent:
         self.handle = handle
 
     def done(self) -> bool:
-        driver = self._events.current()
-        result = driver.cuEventQuery(self.handle)
-        error = result[0] if isinstance(result, tuple) else result
-        if error == driver.CUresult.CUDA_ERROR_NOT_READY:
-            return False
-        check(result)
-        return True
+        with current(self._events.context) as driver:
+            result = driver.cuEventQuery(self.handle)
+            error = result[0] if isinstance(result, tuple) else result
+            if error == driver.CUresult.CUDA_ERROR_NOT_READY:
+                return False
+            check(result)
+            return True
 
     def wait(self) -> None:
-        check(self._events.current().cuEventSynchronize(self.handle))
+        with current(self._events.context) as driver:
+            check(driver.cuEventSynchronize(self.handle))
 
     def order(self, stream: int) -> None:
-        check(self._events.current().cuStreamWaitEvent(stream, self.handle, 0))
+        with current(self._events.context) as driver:
+            check(driver.cuStreamWaitEvent(stream, self.handle, 0))
 
     def close(self) -> None:
         self._events.idle.append(self.handle)
 
 
 class Events:
-    """A resource's events, created once and reused (a record is one driver call, a creation two)."""
+    """A resource's events, created once and reused (a record is one driver call, a creation two),
+    and every one destroyed when the resource closes, whether or not it was handed back."""
 
     def __init__(self, context: Any) -> None:
         self.context = context
         self.idle: list[Any] = []  # list.append and .pop are atomic: no lock needed
-
-    def current(self) -> Any:
-        make_current(self.context)
-        return bindings()
+        self.created: list[Any] = []
 
     def record(self, stream: int) -> DriverEvent:
-        driver = self.current()
-        try:
-            handle = self.idle.pop()
-        except IndexError:
-            handle = check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
-        check(driver.cuEventRecord(handle, stream))
+        with current(self.context) as driver:
+            try:
+                handle = self.idle.pop()
+            except IndexError:
+                handle = check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+                self.created.append(handle)
+            check(driver.cuEventRecord(handle, stream))
         return DriverEvent(self, handle)
 
     def close(self) -> None:
-        driver = self.current()
-        while self.idle:
-            check(driver.cuEventDestroy(self.idle.pop()))
+        with current(self.context) as driver:
+            while self.created:
+                check(driver.cuEventDestroy(self.created.pop()))
+        self.idle.clear()

@@ -9,6 +9,7 @@ _SPACING = 1 << 40  # far apart, so blocks of different arenas can never look ad
 
 class FakeResource:
     kind: str = "fake"
+    release_stream: int = 0
     device: int | None = None
 
     def __init__(self, capacity_bytes: int | None = None) -> None:

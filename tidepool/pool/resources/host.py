@@ -14,6 +14,7 @@ PAGE = mmap.PAGESIZE
 
 class HostResource:
     kind: str = "host"
+    release_stream: int = 0
     device: int | None = None
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:

@@ -9,30 +9,30 @@ import numpy as np
 
 from tidepool.pool.resources import driver as cuda_driver
 from tidepool.pool.resources.base import Allocation
-from tidepool.pool.resources.driver import check
+from tidepool.pool.resources.driver import check, current
 
 
 class PinnedResource:
     kind: str = "pinned"
+    release_stream: int = 0
 
     def __init__(self, device: int = 0) -> None:
         cuda_driver.require_cuda(device)
-        self._driver = cuda_driver.bindings()
         self.device: int | None = device
         self.context = cuda_driver.primary_context(device)
+        self._retained = True  # the primary context, until close
         self.events = cuda_driver.Events(self.context)
 
     def allocate(self, nbytes: int, stream: int | None = None) -> Allocation:
-        cuda_driver.make_current(self.context)
-        flags = self._driver.CU_MEMHOSTALLOC_PORTABLE
-        ptr = int(check(self._driver.cuMemHostAlloc(nbytes, flags)))
+        with current(self.context) as driver:
+            ptr = int(check(driver.cuMemHostAlloc(nbytes, driver.CU_MEMHOSTALLOC_PORTABLE)))
         view = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(ptr))
         return Allocation(ptr, nbytes, host_view=view)
 
     def deallocate(self, allocation: Allocation, stream: int | None = None) -> None:
-        cuda_driver.make_current(self.context)
         allocation.host_view = None
-        check(self._driver.cuMemFreeHost(allocation.ptr))
+        with current(self.context) as driver:
+            check(driver.cuMemFreeHost(allocation.ptr))
 
     def record_event(self, stream: int) -> cuda_driver.DriverEvent:
         return self.events.record(stream)
@@ -42,3 +42,6 @@ class PinnedResource:
 
     def close(self) -> None:
         self.events.close()
+        if self._retained and self.device is not None:
+            cuda_driver.release_primary_context(self.device)
+            self._retained = False
