@@ -84,6 +84,7 @@ class SimDevice(SimMemory):
         self.blocking_calls: list[tuple[str, str]] = []  # (call, thread) that blocked or trimmed
         self.trims: list[tuple[int, int]] = []  # (pool, bytes kept) of each cuMemPoolTrimTo
         self.primary_retained = 0  # cuDevicePrimaryCtxRetain less cuDevicePrimaryCtxRelease
+        self.torch_cached = 0  # device bytes torch's caching allocator holds unused (sim_link.py)
 
     # -- the queues ------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class SimMemory:
     host_allocations: dict[int, Any]
     freed_host: list[Any]
     trims: list[tuple[int, int]]
+    torch_cached: int
     _call: Callable[[str], CUresult | None]
     _queue: Callable[..., Work]
     _run: Callable[..., None]
@@ -110,7 +111,7 @@ class SimMemory:
     def cuMemAllocFromPoolAsync(self, nbytes, pool, stream):  # noqa: N802
         state = self.pools[int(pool)]
         grow = max(0, nbytes - state.cached)
-        device_reserved = sum(p.reserved for p in self.pools.values())
+        device_reserved = sum(p.reserved for p in self.pools.values()) + self.torch_cached
         if device_reserved + grow > self.device_bytes or (
             state.max_size and state.reserved + grow > state.max_size
         ):

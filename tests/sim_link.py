@@ -67,5 +67,11 @@ class SimulatedLink:
     def synchronize(self) -> None:
         self.sim.cuStreamSynchronize(self.stream)
 
+    def empty_cache(self) -> None:
+        self.sim.torch_cached = 0  # what the simulated torch cached goes back to the device
+
+    def memory_held(self) -> tuple[int, int]:
+        return self.sim.torch_cached, 0
+
     def describe(self) -> str:
         return "simulated device"

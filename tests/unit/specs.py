@@ -34,6 +34,23 @@ TINY_MODEL = textwrap.dedent(
 
     def build():
         return Scale()
+
+    class OutOfDeviceMemory(torch.nn.Module):
+        # As torch on a full device: a pass of more than `most` rows (any, with `most` 0) fails.
+        def __init__(self, most):
+            super().__init__()
+            self.most = most
+
+        def forward(self, ids, scale):
+            if ids.shape[0] > self.most:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return ids.float() * scale
+
+    def build_oom_above_two():
+        return OutOfDeviceMemory(2)
+
+    def build_oom_always():
+        return OutOfDeviceMemory(0)
     """
 )
 

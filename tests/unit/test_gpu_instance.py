@@ -17,6 +17,7 @@ from tidepool.inputs import random_inputs
 from tidepool.pool import housekeeping
 from tidepool.runtime.instance import ModelInstance
 from tidepool.runtime.settings import Placement
+from tidepool.runtime.validation import RequestError
 
 
 @pytest.fixture(params=[0, None], ids=["legacy default stream", "a created stream"])
@@ -150,4 +151,32 @@ def test_the_log_line_names_the_device_the_driver_and_the_bindings(sim, tmp_path
     line = instance.describe()
     assert "cuda:0, outputs to the host" in line
     assert "pool cuda (asked for cuda: Simulated GPU, driver CUDA 13.0, cuda-bindings for CUDA 13.4)" in line
+    instance.close()
+
+
+def test_torch_out_of_device_memory_has_the_pool_give_back_and_the_batch_run_as_halves(sim, tmp_path, stream):
+    device = sim()
+    instance = gpu_instance(
+        device, tmp_path, stream, MODEL_FACTORY="tiny:build_oom_above_two", POOL_WARMUP_BATCH_SIZES="1"
+    )
+    requests = [random_inputs(instance.model, batch=1, seed=seed) for seed in range(4)]
+    trims = len(device.trims)
+    with instance.execute(requests) as execution:
+        for request, result in zip(requests, execution.results, strict=True):
+            np.testing.assert_array_equal(result["OUT"], expected(request))
+        assert execution.batches == [2, 2]  # the pass of 4 failed; its halves ran
+    assert len(device.trims) > trims  # the pool gave back what it caches before the halves
+    instance.close()
+
+
+def test_a_request_torch_cannot_fit_alone_is_refused_with_who_holds_the_memory(sim, tmp_path, stream):
+    device = sim()
+    device.torch_cached = 3 * 2**20
+    instance = gpu_instance(device, tmp_path, stream, MODEL_FACTORY="tiny:build_oom_always")
+    assert "warm-up skipped batch size 1: the device ran out of memory" in instance.describe()
+    [refused] = instance.execute([random_inputs(instance.model, batch=1, seed=1)]).results
+    assert isinstance(refused, RequestError) and refused.code == "UNAVAILABLE"
+    message = str(refused)
+    assert "the device ran out of memory for this request (1 row(s)), after the pool gave back" in message
+    assert "torch's caching allocator holds 3.0 MiB (0.0 MiB in use), the instance's pool" in message
     instance.close()

@@ -1,14 +1,15 @@
 """The CUDA tier's stream order over the simulated device, each test failing where its rule is
 broken: an arena allocated in one stream's order carved for another only behind an event, close
 freeing nothing a queued copy still uses, trim waiting for what it frees and nothing else, every
-event destroyed, the caller's context restored, the primary context released."""
+event destroyed, the caller's context restored, the primary context released; and a pool the
+device refuses asking torch's cache for room first."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tidepool.pool import MemoryPool
+from tidepool.pool import MemoryPool, OutOfMemory
 
 MiB = 2**20
 
@@ -98,3 +99,21 @@ def test_the_primary_context_is_released_when_the_pool_closes(sim, kind):
     assert device.primary_retained == 1
     pool.close()
     assert device.primary_retained == 0
+
+
+def test_a_pool_the_device_refuses_has_torch_empty_its_cache_and_tries_once_more(sim):
+    device = sim(device_bytes=64 * MiB)
+    device.torch_cached = 48 * MiB  # torch's caching allocator holds most of the device, unused
+    emptied = []
+
+    def empty_cache():
+        emptied.append(device.torch_cached)
+        device.torch_cached = 0
+
+    with MemoryPool("cuda", arena_bytes=32 * MiB, reclaim=empty_cache) as pool:
+        block = pool.allocate(32 * MiB)
+        assert emptied == [48 * MiB] and block.capacity == 32 * MiB
+    device.torch_cached = 48 * MiB
+    with MemoryPool("cuda", arena_bytes=32 * MiB) as pool, pytest.raises(OutOfMemory) as refused:
+        pool.allocate(32 * MiB)
+    assert refused.value.device and "upstream cuda memory refused" in str(refused.value)

@@ -26,6 +26,7 @@ class OutOfMemory(PoolError, MemoryError):
         largest_free_block: int,
         cause: str = "the pool's limit would be exceeded",
         node_budget: bool = False,
+        device: bool = False,
     ) -> None:
         self.requested = requested
         self.allocated = allocated
@@ -34,6 +35,7 @@ class OutOfMemory(PoolError, MemoryError):
         self.largest_free_block = largest_free_block
         self.cause = cause
         self.node_budget = node_budget  # refused by the node's shared budget, not the pool's limit
+        self.device = device  # refused by the device (or the system), not by a limit
         super().__init__(
             f"out of memory: {cause}: requested {requested} bytes ({mib(requested, 2)}), "
             f"allocated {mib(allocated, 2)}, reserved {mib(reserved, 2)}, limit {mib(limit, 2)}, "

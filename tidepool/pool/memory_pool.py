@@ -7,7 +7,7 @@ neither reused nor given back until the view goes, nor memory a queued copy stil
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,7 @@ class MemoryPool(Maintenance):
         resource: MemoryResource | None = None,
         budget: LedgerEntry | None = None,
         defer_housekeeping: bool = False,
+        reclaim: Callable[[], object] | None = None,
     ) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise PoolError(f"limit_bytes must be positive, got {limit_bytes}")
@@ -68,6 +69,9 @@ class MemoryPool(Maintenance):
         else:
             self.kind_reason = f"given resource {type(resource).__name__}"
         self.budget = budget
+        # What the pool asks of whoever else caches the same memory before it reports the device
+        # out of memory (a GPU instance: torch's caching allocator empties its cache).
+        self.reclaim = reclaim
         if budget is not None:
             resource = BudgetedResource(resource, budget)
         self.resource = resource
@@ -222,17 +226,19 @@ class MemoryPool(Maintenance):
         return loc
 
     def _grow_and_take(self, capacity: int, nbytes: int, stream: Any) -> Location:
-        """Reserve a new arena (trimming empty ones first if that is what it takes)."""
+        """Reserve a new arena (trimming empty ones first if that is what it takes, and where the
+        device refused, asking `reclaim` to give back what others cache of it)."""
         small = capacity <= SLAB_MAX_BLOCK
         need = SLAB_SIZE if small else max(capacity, 2 * SLAB_MAX_BLOCK)
-        cause, refused_by_budget = "", False
+        cause, refused_by_budget, refused_by_device = "", False, False
         for trim_first in (False, True):
             if trim_first:
                 self._store.recycle()
                 empty = self._take_empty_arenas(keep_bytes=0)
-                if empty:
-                    with self._unlocked():
-                        self._give_back(empty)
+                with self._unlocked():
+                    self._give_back(empty)
+                    if refused_by_device and self.reclaim is not None:
+                        self.reclaim()
                 taken = self._store.take_held(capacity)  # others may have freed meanwhile
                 if taken is not None:
                     return taken
@@ -252,11 +258,12 @@ class MemoryPool(Maintenance):
                 continue
             except MemoryError as exc:
                 cause, refused_by_budget = f"upstream {self.kind} memory refused {size} bytes ({exc})", False
+                refused_by_device = True
                 continue
             taken = self._store.take_held(capacity)
             assert taken is not None, "a fresh arena large enough always serves the request"
             return taken
-        raise self._out_of_memory(nbytes, cause, refused_by_budget)
+        raise self._out_of_memory(nbytes, cause, refused_by_budget, refused_by_device)
 
     def _beyond_share(self, size: int) -> bool:
         """Whether an arena of `size` would take more of the node budget than this pool's even
@@ -265,7 +272,9 @@ class MemoryPool(Maintenance):
         assert self.budget is not None
         return self._reserved + size > self.budget.fair_share() or size > self.budget.available()
 
-    def _out_of_memory(self, nbytes: int, cause: str, node_budget: bool = False) -> OutOfMemory:
+    def _out_of_memory(
+        self, nbytes: int, cause: str, node_budget: bool = False, device: bool = False
+    ) -> OutOfMemory:
         self._num_ooms += 1
         return OutOfMemory(
             requested=nbytes,
@@ -275,6 +284,7 @@ class MemoryPool(Maintenance):
             largest_free_block=self._store.largest_free_block(),
             cause=cause,
             node_budget=node_budget,
+            device=device,
         )
 
     def _add_arena(self, size: int, stream: Any, small: bool) -> None:

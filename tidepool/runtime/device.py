@@ -45,6 +45,14 @@ class DeviceLink(Protocol):
         """Block the host until the stream has run everything queued so far."""
         ...
 
+    def empty_cache(self) -> None:
+        """Hand what torch's caching allocator caches, unused, back to the driver."""
+        ...
+
+    def memory_held(self) -> tuple[int, int]:
+        """(reserved, allocated) bytes of torch's caching allocator on the device."""
+        ...
+
     def describe(self) -> str: ...
 
 
@@ -79,6 +87,12 @@ class TorchLink:
 
     def synchronize(self) -> None:
         torch.cuda.current_stream(self.device).synchronize()
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_held(self) -> tuple[int, int]:
+        return torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
 
     def describe(self) -> str:
         return f"{torch.cuda.get_device_name(self.device)} (torch's current stream)"

@@ -26,8 +26,9 @@ from tidepool.runtime.device import DeviceLink, DeviceOutputs, TorchLink
 from tidepool.runtime.graph import freeze
 from tidepool.runtime.lengths import pass_length, probe
 from tidepool.runtime.loader import apply_precision, load_model
+from tidepool.runtime.log_line import log_line
 from tidepool.runtime.outputs import check_shape, name_outputs
-from tidepool.runtime.pools import create_pools, refusal
+from tidepool.runtime.pools import create_pools, make_room, memory_held, refusal
 from tidepool.runtime.process import (
     ProcessRequest,
     ProcessState,
@@ -113,6 +114,8 @@ class ModelInstance:
         if settings.pool_enabled:
             self.pool, self.staging, self.budget_notes = create_pools(settings, self.placement)
             self.pools = [self.pool] if self.staging is self.pool else [self.pool, self.staging]
+            if self.link is not None and self.pool.kind == "cuda":  # one device, two caches
+                self.pool.reclaim = self.link.empty_cache
             housekeeping.watch(self.housekeep)
         self.compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision)
         self.output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in model.outputs}
@@ -171,26 +174,8 @@ class ModelInstance:
         return process_state()
 
     def describe(self) -> str:
-        """One line for the log: where the instance runs, its pool, the process's settings."""
-        pool = f"pool {self.pool.kind} ({self.pool.kind_reason})" if self.pool else "pool off (POOL=off)"
-        notes = [*self.settings.notes, *self.process_notes, *self.graph_notes, *self.warmup_notes,
-                 *self.budget_notes, *(self.lengths.describe() if self.lengths else [])]  # fmt: skip
-        if self.settings.plan_generation:
-            notes.append(f"config generation {self.settings.plan_generation}: {self.settings.plan_reason}")
-        share = self.core_share
-        threads = (
-            f"; elastic threads: up to {share.cap}, {share.cores} cores shared with the server's other "
-            f"busy instances ({share.path})"
-            if share
-            else ""
-        )
-        s = self.settings
-        outputs = f", outputs to the {s.gpu_outputs}" if self.link is not None else ""
-        return (
-            f"{s.device}{outputs}, {s.precision}, {s.graph} graph; {pool}; {self.process.describe()}{threads}"
-            + ("; attention fast path off in its passes" if s.attention_fast_path_off else "")
-            + "".join(f"; NOTE: {note}" for note in notes)
-        )
+        """One line for the log (runtime/log_line.py)."""
+        return log_line(self)
 
     def warm_up(self) -> None:
         """runtime/warmup.py: the pool reserves what traffic needs before the first request."""
@@ -315,7 +300,8 @@ class ModelInstance:
         lengths: list[int] | None = None,
     ) -> list[Result]:
         """One forward pass for these requests. A batch that runs out of memory (the pool's limit
-        or the device's) is retried as two halves; only a request that cannot fit alone fails."""
+        or the device's) is retried as two halves, on a GPU after the pool gave torch back what it
+        caches (runtime/pools.make_room); only a request that cannot fit alone fails."""
         marks = [scope.mark() for scope in execution.scopes]
         try:
             return self._forward_split(requests, batch_sizes, execution, lengths)
@@ -333,6 +319,8 @@ class ModelInstance:
             return [failure] * len(requests)
         for scope, mark in zip(execution.scopes, marks, strict=True):
             scope.release_from(mark)
+        if isinstance(out_of_memory, torch.OutOfMemoryError):
+            make_room(self.pool)
         if len(requests) > 1:
             half = len(requests) // 2
             halves = [(slice(0, half)), slice(half, None)]
@@ -343,7 +331,7 @@ class ModelInstance:
                     requests[part], batch_sizes[part], execution, lengths[part] if lengths else None
                 )
             ]
-        return [refusal(out_of_memory, batch_sizes[0])]
+        return [refusal(out_of_memory, batch_sizes[0], memory_held(self.pool, self.link))]
 
     def _forward_split(
         self, requests: Requests, batch_sizes: list[int], execution: Execution, lengths: list[int] | None

@@ -5,11 +5,17 @@ answered."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tidepool.pool import MemoryPool, OutOfMemory
 from tidepool.pool.budget import tier_of
 from tidepool.pool.ledger import NodeLedger
 from tidepool.runtime.settings import InstanceSettings, Placement
 from tidepool.runtime.validation import RequestError
+from tidepool.spec import mib
+
+if TYPE_CHECKING:
+    from tidepool.runtime.device import DeviceLink
 
 # How a request the node's memory budget cannot hold now is answered (UNAVAILABLE), and how warm-up
 # tells it from a device out of memory.
@@ -64,14 +70,42 @@ def new_pool(
         raise
 
 
-def refusal(error: Exception, rows: int) -> RequestError:
+def make_room(pool: MemoryPool | None) -> None:
+    """After torch ran out of device memory: the instance's CUDA pool gives back what it holds
+    above its floor, so that the retried halves find it free (torch's cache and the pool draw on
+    one device)."""
+    if pool is not None and pool.kind == "cuda":
+        pool.trim(keep_bytes=pool.initial_bytes)
+
+
+def memory_held(pool: MemoryPool | None, link: DeviceLink | None) -> str:
+    """Who holds the device's memory, for a refusal: torch's caching allocator and the pool."""
+    if link is None or pool is None or pool.kind != "cuda":
+        return ""
+    reserved, allocated = link.memory_held()
+    stats = pool.stats(walk_arenas=False)
+    return (
+        f"torch's caching allocator holds {mib(reserved)} ({mib(allocated)} in use), the instance's "
+        f"pool {mib(stats.reserved_bytes)} ({mib(stats.allocated_bytes)} in use)"
+    )
+
+
+def refusal(error: Exception, rows: int, held: str = "") -> RequestError:
     """The answer to a request that alone does not fit: retrying it cannot help where the pool's
-    limit is the cause; the node budget's or the device's memory may free up."""
+    limit is the cause; the node budget's or the device's memory may free up. `held`: who holds
+    the device's memory (memory_held)."""
+    holders = f"; {held}" if held else ""
     if isinstance(error, OutOfMemory) and error.node_budget:
         # UNAVAILABLE: the memory may come back once other models' pools trim (2.51 has no
         # RESOURCE_EXHAUSTED to say so).
         return RequestError(
             f"this request ({rows} row(s)) {NODE_BUDGET_REFUSED}: {error.cause}", code="UNAVAILABLE"
+        )
+    if isinstance(error, OutOfMemory) and error.device:
+        return RequestError(
+            f"this request ({rows} row(s)) does not fit the device's free memory: {error.cause}, after "
+            f"torch's cache was emptied and the pool trimmed{holders}",
+            code="UNAVAILABLE",
         )
     if isinstance(error, OutOfMemory):
         return RequestError(
@@ -80,4 +114,8 @@ def refusal(error: Exception, rows: int) -> RequestError:
             "reserved); send fewer rows or raise POOL_LIMIT_BYTES",
             code="RESOURCE_EXHAUSTED",
         )
-    return RequestError(f"the device ran out of memory for this request: {error}", code="UNAVAILABLE")
+    return RequestError(
+        f"the device ran out of memory for this request ({rows} row(s)), after the pool gave back what "
+        f"it caches: {str(error).splitlines()[0]}{holders}",
+        code="UNAVAILABLE",
+    )

@@ -13,7 +13,6 @@ import numpy as np
 from tidepool.pool.host_heap import release_free_pages
 from tidepool.runtime.batching import dummy_inputs
 from tidepool.runtime.loader import ModelLoadError
-from tidepool.runtime.pools import NODE_BUDGET_REFUSED
 from tidepool.runtime.validation import RequestError
 from tidepool.sequences import model_at_length
 from tidepool.spec import Array
@@ -87,8 +86,9 @@ def warm_lengths(instance: ModelInstance, done: WarmUp) -> None:
 
 
 def _run(instance: ModelInstance, requests: list[dict[str, Array]], what: str, done: WarmUp) -> int | None:
-    """One warm-up execution; its page faults, or None where the pool or the node budget refused
-    it (noted: a config edited to a larger max_batch_size still loads, and such batches are refused)."""
+    """One warm-up execution; its page faults, or None where the pool, the node budget or the
+    device refused it (noted: a config edited to a larger max_batch_size still loads, and such
+    batches are refused or run as halves)."""
     with instance.execute(requests) as execution:
         failed = next((r for r in execution.results if isinstance(r, RequestError)), None)
     if failed is None:
@@ -96,7 +96,7 @@ def _run(instance: ModelInstance, requests: list[dict[str, Array]], what: str, d
     if failed.code == "RESOURCE_EXHAUSTED":
         done.notes.append(f"warm-up skipped {what}: it does not fit POOL_LIMIT_BYTES")
         return None
-    if NODE_BUDGET_REFUSED in str(failed):
+    if failed.code == "UNAVAILABLE":  # the node budget or the device: memory that may come back
         done.notes.append(f"warm-up skipped {what}: {failed}")
         return None
     raise ModelLoadError(f"warm-up at {what} failed: {failed}")
