@@ -226,6 +226,8 @@ def measure_execute(model: str, variant: str, requests: int, seconds: float) -> 
 
     config = read_config_dict(MODEL_REPOSITORY / model / "config.pbtxt")
     config["parameters"] |= {name: {"string_value": v} for name, v in VARIANTS[variant].items()}
+    if torch.cuda.is_available():  # the example configs say KIND_CPU: on a GPU machine, measure the GPU
+        config["parameters"]["DEVICE"] = {"string_value": "cuda"}
     instance = ModelInstance.load(config, MODEL_REPOSITORY / model)
     on_gpu = instance.device.type == "cuda"
     batch = [random_inputs(instance.model, batch=1, seed=i) for i in range(requests)]

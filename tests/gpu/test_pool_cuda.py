@@ -51,9 +51,11 @@ def test_pinned_blocks_are_readable_from_the_host():
         assert int(block.as_torch("int32").sum()) == 7 * 1024
 
 
-def test_torch_keeps_its_own_allocator_and_the_instance_pool_holds_its_inputs(tmp_path):
+@pytest.mark.parametrize("outputs", ["host", "device"])
+def test_torch_keeps_its_own_allocator_and_the_instance_pool_holds_its_inputs(tmp_path, outputs):
     """A GPU instance: torch's caching allocator holds weights and activations (its statistics
-    read them); the instance's CUDA pool holds the batch's device inputs, reused across executions."""
+    read them); the instance's CUDA pool holds the batch's device inputs, reused across executions;
+    its outputs are host arrays (GPU_OUTPUTS=host, the default) or device tensors (device)."""
     import copy
 
     import torch
@@ -64,6 +66,7 @@ def test_torch_keeps_its_own_allocator_and_the_instance_pool_holds_its_inputs(tm
 
     config = copy.deepcopy(TOKENS_CONFIG)
     config["parameters"]["DEVICE"] = {"string_value": "cuda"}
+    config["parameters"]["GPU_OUTPUTS"] = {"string_value": outputs}
     instance = ModelInstance.load(config, tiny_model_dir(tmp_path))
     assert instance.pool.kind == "cuda" and instance.staging.kind == "pinned"
     assert torch.cuda.memory_allocated() > 0  # torch's own allocator, with statistics that read
@@ -75,7 +78,13 @@ def test_torch_keeps_its_own_allocator_and_the_instance_pool_holds_its_inputs(tm
     torch.cuda.synchronize()
     stats = instance.pool.stats()
     assert stats.num_allocs > warm.num_allocs and stats.upstream_allocs == warm.upstream_allocs
-    assert results[1]["OUT"].device.type == "cuda"
+    out = results[1]["OUT"]
+    if outputs == "host":
+        assert isinstance(out, np.ndarray)
+    else:
+        assert out.device.type == "cuda"
+        out = out.cpu().numpy()
+    np.testing.assert_array_equal(out, requests[1]["IDS"].astype(np.float32) * requests[1]["SCALE"])
     instance.close()
 
 
@@ -93,8 +102,8 @@ def test_a_frozen_graph_runs_on_the_gpu_and_answers_as_eager(tmp_path):
         config["parameters"] |= {"GRAPH": {"string_value": graph}, "DEVICE": {"string_value": "cuda"}}
         instances[graph] = ModelInstance.load(config, model_dir)
     requests = [random_inputs(instances["eager"].model, batch=rows, seed=rows) for rows in (1, 3)]
-    answers = {
-        graph: [r["OUT"].cpu().numpy() for r in instance.execute(requests).results]
+    answers = {  # GPU_OUTPUTS=host (the default): numpy arrays, valid until the next execute
+        graph: [np.array(r["OUT"]) for r in instance.execute(requests).results]
         for graph, instance in instances.items()
     }
     for frozen, eager in zip(answers["frozen"], answers["eager"], strict=True):
