@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 
 from tidepool.pool import Block, MemoryPool, OutOfMemory
-from tidepool.runtime.instance import ModelInstance
+from tidepool.pool.resources.cuda import CudaResource
+from tidepool.runtime.instance import ModelInstance, Result
+from tidepool.runtime.validation import RequestError
 from tidepool.testing import TEST_MODELS
 
 MiB = 2**20
 DOUBLER = TEST_MODELS / "pool_limited"  # Y = 2 X, no weights: any output is checked exactly
-DOUBLER_CONFIG = {
+DOUBLER_CONFIG: dict[str, Any] = {
     "name": "doubler",
     "max_batch_size": 8,
     "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4096]}],
@@ -50,15 +52,19 @@ class Device:
     kept: list[Any] = field(default_factory=list)  # what must live as long as its work is queued
 
 
-def doubler(device: Device, outputs: str, **parameters: str) -> ModelInstance:
-    config = {**DOUBLER_CONFIG, "parameters": dict(DOUBLER_CONFIG["parameters"])}
-    config["parameters"]["GPU_OUTPUTS"] = {"string_value": outputs}
-    config["parameters"].update({k: {"string_value": v} for k, v in parameters.items()})
-    return device.load(config, DOUBLER)
+def doubler(device: Device, outputs: str) -> ModelInstance:
+    parameters = {**DOUBLER_CONFIG["parameters"], "GPU_OUTPUTS": {"string_value": outputs}}
+    return device.load({**DOUBLER_CONFIG, "parameters": parameters}, DOUBLER)
 
 
 def rows(count: int, seed: int) -> dict[str, np.ndarray]:
     return {"X": np.random.default_rng(seed).standard_normal((count, 4096)).astype(np.float32)}
+
+
+def answer(result: Result) -> dict[str, Any]:
+    """A request's outputs; AssertionError where it got an error instead."""
+    assert not isinstance(result, RequestError), f"a request failed: {result}"
+    return result
 
 
 def host(value: Any) -> np.ndarray:
@@ -74,8 +80,8 @@ def staging(device: Device) -> str:
     [a] = instance.execute([first]).results
     [b] = instance.execute([second]).results  # gathered into the pinned block the first copy reads
     device.synchronize()
-    np.testing.assert_array_equal(host(a["Y"]), 2 * first["X"])
-    np.testing.assert_array_equal(host(b["Y"]), 2 * second["X"])
+    np.testing.assert_array_equal(host(answer(a)["Y"]), 2 * first["X"])
+    np.testing.assert_array_equal(host(answer(b)["Y"]), 2 * second["X"])
     waits = instance.staging.stats().staging_waits
     instance.close()
     assert waits >= 1, "the second execution did not wait for the first one's copy"
@@ -104,17 +110,18 @@ def outputs(device: Device) -> str:
     checked = 0
     for place in ("host", "device"):
         instance = doubler(device, place)
-        answers = []
+        kept = []
         for round_number in range(30):
             requests = [
                 rows(1 + (round_number + i) % 3, round_number * 10 + i) for i in range(1 + round_number % 3)
             ]
             results = instance.execute(requests).results
-            answers += [(r, np.array(host(out["Y"])) if place == "host" else out["Y"])
-                        for r, out in zip(requests, results, strict=True)]  # fmt: skip
+            for request, result in zip(requests, results, strict=True):
+                out = answer(result)["Y"]  # a host array is valid until the next execute: a copy
+                kept.append((request, np.array(out) if place == "host" else out))
         device.synchronize()
-        for request, answer in answers:
-            np.testing.assert_array_equal(host(answer), 2 * request["X"])
+        for request, out in kept:
+            np.testing.assert_array_equal(host(out), 2 * request["X"])
             checked += 1
         instance.close()
     return f"{checked} outputs of 60 back-to-back executions exact, GPU_OUTPUTS host and device"
@@ -133,12 +140,14 @@ def steady(device: Device) -> str:
 
 def reserved(device: Device) -> str:
     with MemoryPool("cuda", arena_bytes=32 * MiB) as pool:
+        resource = pool.resource
+        assert isinstance(resource, CudaResource)
         pool.allocate(8 * MiB).free()
         device.synchronize()
-        kept = pool.resource.attribute("RESERVED_MEM_CURRENT")
+        kept = resource.attribute("RESERVED_MEM_CURRENT")
         assert kept >= 32 * MiB, f"the driver took the pool's memory back at a synchronize ({kept} bytes)"
         pool.trim()
-        left = pool.resource.attribute("RESERVED_MEM_CURRENT")
+        left = resource.attribute("RESERVED_MEM_CURRENT")
         assert left == 0, f"trim left {left} bytes reserved"
     return f"{kept // MiB} MiB reserved across a synchronize, 0 after trim"
 

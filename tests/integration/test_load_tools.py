@@ -66,8 +66,9 @@ def test_a_sweep_over_two_addresses_sends_through_both(server, forwarder):
     [level] = Sweep(settings).run()
     assert level.errors == 0 and level.requests > 0 and level.compute_infer_us > 0
     # Two of the four workers send through the forwarder, each request 1 KiB of token ids; only the
-    # statistics' calls would if every worker went to the first address.
-    assert forwarder.sent > level.requests / 4 * 1024
+    # statistics' calls would if every worker went to the first address. (Through the forwarder's
+    # extra hop those two answer fewer than half the requests on a loaded machine: 24% in one run.)
+    assert forwarder.sent > level.requests / 8 * 1024
 
 
 def test_a_short_sweep_returns_sane_figures(server):

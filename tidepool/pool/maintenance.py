@@ -51,7 +51,7 @@ class Maintenance:
             return []
         self._store.recycle(small_too=False)
         keep = max(self.initial_bytes, int(self._working_set * WORKING_SET_HEADROOM))
-        return self._take_empty_arenas(keep)
+        return self._take_empty_arenas(keep, per_kind=True)
 
     @property
     def housekeeping_due(self) -> bool:
@@ -69,10 +69,10 @@ class Maintenance:
                 empty = self._maintain()
         return self._give_back(empty) + self.answer_trim()
 
-    def _take_empty_arenas(self, keep_bytes: int) -> list[Arena]:
-        """Take empty arenas off the pool while more than `keep_bytes` stays reserved;
+    def _take_empty_arenas(self, keep_bytes: int, per_kind: bool = False) -> list[Arena]:
+        """Take empty arenas off the pool while `keep_bytes` stays reserved (store.take_empty_arenas);
         `_give_back` then returns them upstream, without the lock."""
-        taken = self._store.take_empty_arenas(self._reserved, keep_bytes)
+        taken = self._store.take_empty_arenas(keep_bytes, per_kind)
         self._reserved -= sum(arena.size for arena in taken)
         self._upstream_frees += len(taken)
         return taken

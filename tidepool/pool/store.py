@@ -136,24 +136,19 @@ class BlockStore:
                     slab.arena.buddy.release(slab.offset)
                     slabs.remove(slab)
 
-    def take_empty_arenas(self, reserved: int, keep_bytes: int) -> list[Arena]:
-        """Take empty arenas off (largest first) while more than `keep_bytes` of `reserved` stays,
-        and a large arena only while the large arenas left hold `keep_bytes` too: small arenas
-        serve slabs alone, so a working set of large blocks kept in them would be grown again at
-        the next execution; the caller returns them upstream, which orders their frees after the
-        fences."""
+    def take_empty_arenas(self, keep_bytes: int, per_kind: bool = False) -> list[Arena]:
+        """Take empty arenas off (largest first) while `keep_bytes` stays reserved; with `per_kind`
+        (trimming to a learned working set), while the arenas of each kind left hold it: small ones
+        serve slabs alone and large ones the rest, so a working set kept in arenas of the other kind
+        would be grown again at the next execution. The caller returns them upstream, which orders
+        their frees after the fences."""
         taken = []
-        large = sum(arena.size for arena in self.arenas if not arena.small)
+        held = {kind: sum(a.size for a in self.arenas if a.small == kind) for kind in (True, False)}
         for arena in sorted(self.arenas, key=lambda a: a.size, reverse=True):
-            left_large = large - (0 if arena.small else arena.size)
-            if (
-                arena.buddy.empty
-                and reserved - arena.size >= keep_bytes
-                and (arena.small or left_large >= keep_bytes)
-            ):
+            left = held[arena.small] if per_kind else held[True] + held[False]
+            if arena.buddy.empty and left - arena.size >= keep_bytes:
                 self.arenas.remove(arena)
-                reserved -= arena.size
-                large = left_large
+                held[arena.small] -= arena.size
                 taken.append(arena)
         if taken:
             self.order_after_fences(self.resource.release_stream)  # where upstream frees are queued
