@@ -9,6 +9,7 @@ server configured otherwise (`metrics_enabled`)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,12 +108,39 @@ class InferenceRequest:
             raise TypeError("__init__(): incompatible constructor arguments")
         self._inputs = inputs
         self._request_id = request_id
+        self._sender = InferenceResponseSender()
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
     def request_id(self) -> str:
         return self._request_id
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        return self._sender
+
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class InferenceResponseSender:
+    """A non-decoupled model's sender, as strict as r24.10's: one response, sent with the final flag;
+    what it sends is copied at once, as the stub copies it into shared memory."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict[str, np.ndarray], TritonError | None, float]] = []  # fake-only
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self.sent:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL or response is None:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model must send one final response."
+            )
+        outputs = {t.name(): np.array(t.as_numpy()) for t in response.output_tensors()}
+        self.sent.append((outputs, response.error(), time.perf_counter()))
 
 
 class InferenceResponse:

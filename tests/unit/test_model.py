@@ -245,3 +245,36 @@ def test_the_log_gets_a_failures_traceback_once_then_a_line_at_each_power_of_ten
     assert log.line(trace.replace("IndexError", "KeyError")).startswith(
         "the model failed:\n"
     )  # another failure
+
+
+def test_a_ragged_model_answers_each_request_as_its_pass_ends(pb_utils, tmp_path, monkeypatch):
+    """Requests of different lengths run as several passes of one execution: each is sent through
+    its response sender as its own pass ends (the short ones first), not when the execution does."""
+    from tests.unit.specs import text_config, text_model_dir
+    from tidepool.runtime.model import TritonPythonModel
+
+    monkeypatch.setenv("TIDEPOOL_METRICS_INTERVAL_S", "60")
+    model = TritonPythonModel()
+    model.initialize(triton_args(text_model_dir(tmp_path), text_config(PASS_COST_TOKENS="0")))
+    assert "each request answered as its pass ends" in pb_utils.state.logged[-1][1]
+
+    def text(length: int, seed: int):
+        rng = np.random.default_rng(seed)
+        return pb_utils.InferenceRequest(
+            requested_output_names=["hidden", "pooled"], model_name="text",
+            inputs=[pb_utils.Tensor("ids", rng.integers(0, 50, (1, length))),
+                    pb_utils.Tensor("mask", np.ones((1, length), np.int64))],
+        )  # fmt: skip
+
+    requests = [text(40, 1), text(3, 2), text(0, 3), text(17, 4)]  # the empty one is refused first
+    assert model.execute(requests) is None
+    sent = [r.get_response_sender().sent for r in requests]
+    assert [len(s) for s in sent] == [1, 1, 1, 1]
+    (long, _, long_at), (short, _, short_at), (_, refused, refused_at), (middle, _, _) = (s[0] for s in sent)
+    assert refused is not None and "an empty sequence" in refused.message() and refused_at < short_at
+    assert short_at < long_at  # passes of their own (PASS_COST_TOKENS 0): the shortest answered first
+    assert [long["hidden"].shape[1], short["hidden"].shape[1], middle["hidden"].shape[1]] == [40, 3, 17]
+    alone = model.instance.execute([{"ids": requests[0].inputs()[0].as_numpy(),
+                                     "mask": requests[0].inputs()[1].as_numpy()}]).results[0]  # fmt: skip
+    np.testing.assert_allclose(long["hidden"], alone["hidden"], rtol=1e-6)
+    model.finalize()

@@ -46,6 +46,7 @@ from tidepool.spec import Array, DType, ModelSpec, parse_model_config
 Outputs = dict[str, Any]  # numpy arrays on the host, torch tensors on a GPU
 Result = Outputs | RequestError
 Requests = Sequence[dict[str, Array]]
+Answer = Callable[[int, Result], None]  # called once per request, as soon as its result is final
 
 
 @dataclass
@@ -126,7 +127,7 @@ class ModelInstance:
             self.module = self._frozen(self.module)
         # How requests of different lengths share passes (Triton sends them only to a ragged model).
         self.lengths = probe(self.forward, model, self.sequences) if self.sequences else None
-        self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran
+        self.warmup_rounds: dict[int, int] = {}  # batch size -> dummy executions warm-up ran (warmup.py)
         self.warmup_notes: list[str] = []
         self._held: Execution | None = None  # the last execution, whose blocks its outputs use
 
@@ -214,13 +215,15 @@ class ModelInstance:
 
     # -- execution ---------------------------------------------------------------------------
 
-    def execute(self, requests: Requests) -> Execution:
+    def execute(self, requests: Requests, answer: Answer | None = None) -> Execution:
         """Answer every request, in order: its outputs, or the RequestError that it alone gets.
-        The previous execution's blocks go back first: one execution at a time per instance."""
+        The previous execution's blocks go back first: one execution at a time per instance. With
+        `answer`, each request's result is also handed to it as soon as it is final: a bad request
+        before any pass, each pass's requests as that pass ends (requests of different lengths)."""
         with self._lock:
-            return self._execute_locked(requests)
+            return self._execute_locked(requests, answer)
 
-    def _execute_locked(self, requests: Requests) -> Execution:
+    def _execute_locked(self, requests: Requests, answer: Answer | None) -> Execution:
         self.release()
         faults_before = minor_page_faults()
         scopes = [pool.begin_execution() for pool in self.pools]
@@ -229,7 +232,7 @@ class ModelInstance:
             execution.torch_threads = self.core_share.start()
             set_torch_threads(execution.torch_threads)
         try:
-            execution.results = self._execute(requests, execution)
+            execution.results = self._execute(requests, execution, answer)
         except BaseException:
             execution.release()
             raise
@@ -247,8 +250,14 @@ class ModelInstance:
         self._held = execution
         return execution
 
-    def _execute(self, requests: Requests, execution: Execution) -> list[Result]:
+    def _execute(self, requests: Requests, execution: Execution, answer: Answer | None) -> list[Result]:
         results: list[Result | None] = [None] * len(requests)
+
+        def settle(index: int, result: Result) -> None:
+            results[index] = result
+            if answer is not None:
+                answer(index, result)
+
         valid: list[int] = []
         batch_sizes: list[int] = []
         lengths: list[int] = []
@@ -262,26 +271,28 @@ class ModelInstance:
             except RequestError as error:
                 # Kept without its traceback: that holds this frame, whose `results` holds the
                 # error, a cycle that would keep the batch's pool blocks until garbage collection.
-                results[index] = error.with_traceback(None)
-        if not self.model.batched:
-            outcomes = [self._run_batch([requests[i]], [1], execution)[0] for i in valid]
-        elif self.lengths is not None and valid:
-            outcomes = self._run_by_length([requests[i] for i in valid], batch_sizes, lengths, execution)
+                settle(index, error.with_traceback(None))
+        if self.lengths is not None and self.model.batched and valid:
+            by_length = [requests[i] for i in valid]
+            self._run_by_length(
+                by_length, batch_sizes, lengths, execution, lambda at, out: settle(valid[at], out)
+            )
         elif valid:
-            outcomes = self._run_batch([requests[i] for i in valid], batch_sizes, execution)
-        else:
-            outcomes = []
-        for index, outcome in zip(valid, outcomes, strict=True):
-            results[index] = outcome
+            outcomes = (
+                self._run_batch([requests[i] for i in valid], batch_sizes, execution)
+                if self.model.batched
+                else [self._run_batch([requests[i]], [1], execution)[0] for i in valid]
+            )
+            for index, outcome in zip(valid, outcomes, strict=True):
+                settle(index, outcome)
         assert all(result is not None for result in results)
         return cast(list[Result], results)
 
-    def _run_by_length(
-        self, requests: Requests, batch_sizes: list[int], lengths: list[int], execution: Execution
-    ) -> list[Result]:
-        """The passes that serve requests of these lengths (runtime/lengths.py), each run in turn."""
+    def _run_by_length(self, requests: Requests, batch_sizes: list[int], lengths: list[int],
+                       execution: Execution, settle: Answer) -> None:  # fmt: skip
+        """The passes that serve requests of these lengths (runtime/lengths.py), each run in turn,
+        each request settled (by its position here) as its pass ends."""
         assert self.lengths is not None
-        outcomes: list[Result | None] = [None] * len(requests)
         for planned in self.lengths.passes(requests, batch_sizes, lengths):
             members = planned.members
             ran = self._run_batch(
@@ -289,8 +300,7 @@ class ModelInstance:
                 [lengths[m] for m in members],
             )  # fmt: skip
             for member, outcome in zip(members, ran, strict=True):
-                outcomes[member] = outcome
-        return cast(list[Result], outcomes)
+                settle(member, outcome)
 
     def _run_batch(
         self,

@@ -17,7 +17,7 @@ from tidepool.runtime.settings import Placement
 from tidepool.runtime.validation import RequestError
 
 if TYPE_CHECKING:  # torch loads in initialize, once the OpenMP environment is chosen
-    from tidepool.runtime.instance import Execution, ModelInstance
+    from tidepool.runtime.instance import Execution, ModelInstance, Result
 
 # Error codes this server's pb_utils may lack, and the nearest one it has.
 CODE_FALLBACKS = {"RESOURCE_EXHAUSTED": "INVALID_ARG"}
@@ -36,23 +36,25 @@ def error_response(error: RequestError) -> Any:
 
 def output_tensor(name: str, value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        # A view of a pool block. The stub copies it into shared memory after execute returns;
-        # the block stays reserved until the next execute, so nothing overwrites it before then.
+        # A view of a pool block. The stub copies it into shared memory as the response is sent
+        # (after execute returns, or at once through a response sender); the block stays reserved
+        # until the next execute, so nothing overwrites it before then.
         return pb_utils.Tensor(name, value)
     # GPU: no copy back to the host. The tensor itself, not a capsule: the stub then asks for it
     # on its own stream, which waits for the forward pass, before it reads the memory.
     return pb_utils.Tensor.from_dlpack(name, value)
 
 
+def response_for(result: Result) -> Any:
+    if isinstance(result, RequestError):
+        return error_response(result)
+    return pb_utils.InferenceResponse(
+        output_tensors=[output_tensor(name, value) for name, value in result.items()]
+    )
+
+
 def responses_for(execution: Execution) -> list[Any]:
-    responses = []
-    for result in execution.results:
-        if isinstance(result, RequestError):
-            responses.append(error_response(result))
-        else:
-            tensors = [output_tensor(name, value) for name, value in result.items()]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-    return responses
+    return [response_for(result) for result in execution.results]
 
 
 class FailureLog:
@@ -111,15 +113,31 @@ class TritonPythonModel:
             self.metrics.set_plan_generation(self.instance.settings.plan_generation)
             self.metrics.flush()
             self.metrics.start(metrics_interval_s)
+        lengths = self.instance.lengths
+        self.answers_early = lengths is not None and lengths.pad
+        if self.answers_early:
+            notes.append("each request answered as its pass ends")
         pb_utils.Logger.log_info(
             f"tidepool {args['model_instance_name']}: {self.instance.describe()}; {metrics_note}"
             + "".join(f"; {note}" for note in notes if note)
         )
 
-    def execute(self, requests: list[Any]) -> list[Any]:
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        """The responses, in request order; for a model that runs requests of different lengths in
+        passes of their own, None, each request answered through its response sender as soon as
+        its pass ends, so that a short request does not wait for the long ones of its execution."""
         inputs = [{tensor.name(): tensor.as_numpy() for tensor in r.inputs()} for r in requests]
-        execution = self.instance.execute(inputs)
-        responses = responses_for(execution)
+        if self.answers_early:
+            senders = [request.get_response_sender() for request in requests]
+
+            def answer(index: int, result: Result) -> None:
+                senders[index].send(response_for(result), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            execution = self.instance.execute(inputs, answer)
+            responses = None
+        else:
+            execution = self.instance.execute(inputs)
+            responses = responses_for(execution)
         for failure in execution.failures:  # its client was told the error's type and message only
             line = self.failures.line(failure)
             if line:
