@@ -144,9 +144,8 @@ def traffic(
     length), each within MAX_SEQUENCE_LENGTH; for any other model, one generated request."""
     sequences = Sequences.of(model)
     mix = mix or (sequences.mix if sequences else None)
-    rows = batch if model.batched else None
     if sequences is None or mix is None:
-        return [random_inputs(model, batch=batch, seed=seed)] if rows else [random_inputs(model, seed=seed)]
+        return [random_inputs(model, batch=batch, seed=seed)]  # (no batch dimension where unbatched)
     top = sequences.max_length or mix.longest
     lengths = [min(n, top) for n in mix.draw(count, seed)]
     return [
