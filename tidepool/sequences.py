@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -69,6 +70,11 @@ class Sequences:
     def names(self) -> tuple[str, ...]:
         return tuple(spec.name for spec in self.inputs)
 
+    @cached_property
+    def axis_of(self) -> dict[str, int]:
+        """Sequence input -> its length's axis (in its sample, no batch dimension)."""
+        return dict(zip(self.names, self.axes, strict=True))
+
     def length(self, inputs: Mapping[str, Array], batched: bool) -> int:
         """The request's sequence length; SequenceError where its sequence inputs disagree, one is
         empty, or it is over the maximum."""
@@ -129,7 +135,7 @@ def at_length(spec: TensorSpec, axis: int, length: int) -> TensorSpec:
 def model_at_length(model: ModelSpec, sequences: Sequences, length: int) -> ModelSpec:
     """The model as if its config planned its sequence inputs at `length`: what random inputs of
     that length are generated from."""
-    axes = dict(zip(sequences.names, sequences.axes, strict=True))
+    axes = sequences.axis_of
     inputs = tuple(
         at_length(spec, axes[spec.name], length) if spec.name in axes else spec for spec in model.inputs
     )

@@ -235,10 +235,12 @@ class MemoryPool(Maintenance):
             if trim_first:
                 self._store.recycle()
                 empty = self._take_empty_arenas(keep_bytes=0)
-                with self._unlocked():
-                    self._give_back(empty)
-                    if refused_by_device and self.reclaim is not None:
-                        self.reclaim()
+                reclaim = self.reclaim if refused_by_device else None
+                if empty or reclaim is not None:
+                    with self._unlocked():
+                        self._give_back(empty)
+                        if reclaim is not None:
+                            reclaim()
                 taken = self._store.take_held(capacity)  # others may have freed meanwhile
                 if taken is not None:
                     return taken

@@ -333,7 +333,7 @@ class ModelInstance:
             make_room(self.pool)
         if len(requests) > 1:
             half = len(requests) // 2
-            halves = [(slice(0, half)), slice(half, None)]
+            halves = (slice(0, half), slice(half, None))
             return [
                 result
                 for part in halves

@@ -61,6 +61,9 @@ def plan_passes(
 
 def _split(order: list[int], lengths: Sequence[int], rows: Sequence[int], sequences: Sequences) -> list[Pass]:
     budget = sequences.max_batch_tokens
+    one = lengths[order[0]]
+    if lengths[order[-1]] == one and (budget is None or sum(rows[i] for i in order) * one <= budget):
+        return [Pass(tuple(order), one)]  # one length within the budget (Triton's equal shapes): one pass
     best = [0.0] + [float("inf")] * len(order)  # best[i]: the cost of serving order[:i]
     start = [0] * (len(order) + 1)  # where the last pass of that best begins
     for end in range(1, len(order) + 1):
@@ -109,7 +112,7 @@ class LengthBatcher:
     def shape_key(self, request: dict[str, Array]) -> Hashable:
         """What requests sharing a pass must agree on: every dim but the sequence axis."""
         key = []
-        axes = dict(zip(self.sequences.names, self.sequences.axes, strict=True))
+        axes = self.sequences.axis_of
         for name in sorted(request):
             shape = list(request[name].shape[1:])
             if name in axes:
@@ -134,7 +137,7 @@ class LengthBatcher:
     ) -> dict[str, Array]:
         """One batch of these requests, each sequence input padded on the right to `length` with
         its pad value; other inputs copied as they are."""
-        axes = dict(zip(self.sequences.names, self.sequences.axes, strict=True))
+        axes = self.sequences.axis_of
         total = sum(rows)
         batch: dict[str, Array] = {}
         for spec in model.inputs:
