@@ -1,6 +1,6 @@
 """Text traffic: a variable-length text model (the DistilBERT of tests/real_models) under length
-mixes, three ways side by side on one server (plain tritonserver, no rate limiter), levels and
-variants taken in turn, --rounds rounds:
+mixes, three ways side by side on one server (as plain tritonserver serves; `--rate-limit
+execution_count`: as `tidepool serve` starts it), levels and variants taken in turn, --rounds rounds:
 
   (a) equal shapes: the config `tidepool plan --lengths MIX --write` writes, with its ragged
       settings taken out: Triton batches only requests of one length (today's way);
@@ -16,6 +16,7 @@ padding (c: the server's /metrics; b: the client's) and tokens/s against (a).
 
     .venv/bin/python -m benchmarks.text [--mixes '8..120;8..512;8..64:0.7,65..256:0.25,257..512:0.05']
         [--levels 1,8,16] [--rounds 2] [--window-s 5] [--latency-budget-ms 400]
+        [--rate-limit off|execution_count]
 """
 
 from __future__ import annotations
@@ -68,13 +69,15 @@ def padding(result: LevelResult, longest: int, client_pads: bool) -> float:
     return result.padding
 
 
-def measure(mix: str, levels: list[int], rounds: int, window_s: float, latency_budget_ms: float) -> None:
+def measure(
+    mix: str, levels: list[int], rounds: int, window_s: float, latency_budget_ms: float, rate_limit: str
+) -> None:
     lengths = LengthMix.parse(mix, "--mixes")
     mean = str(round(lengths.mean))
     with tempfile.TemporaryDirectory(prefix="tidepool-text-") as tmp:
         repository = Path(tmp)
         across, equal = plan(repository, mix, latency_budget_ms)
-        config = ServerConfig.on_free_ports(repository, rate_limit="off")
+        config = ServerConfig.on_free_ports(repository, rate_limit=rate_limit)
         with TritonServer(config):  # both loaded as it starts
             url, metrics = config.grpc_url, config.metrics_url
             targets = {
@@ -84,8 +87,12 @@ def measure(mix: str, levels: list[int], rounds: int, window_s: float, latency_b
                 f"(c) at one length, {mean}": Target(url, across, mean, metrics_url=metrics),
             }
             results = in_turn(targets, levels, rounds, window_s)
-    print(f"\n{mix}: {lengths.describe()}; tokens/s median (min-max) of {rounds} rounds, p50 and p99 ms "
-          "medians; short: at most the median length, long: at least the 90th percentile")  # fmt: skip
+    server = (
+        "tidepool serve's rate limiter" if rate_limit != "off" else "plain tritonserver (no rate limiter)"
+    )
+    print(f"\n{mix} under {server}: {lengths.describe()}; tokens/s median (min-max) of {rounds} rounds, "
+          "p50 and p99 ms medians; short: at most the median length, long: at least the 90th "
+          "percentile")  # fmt: skip
     print("| c | variant | tokens/s | / (a) | p50 | p99 short | p99 long | mean batch | padding |")
     print("| --- " * 9 + "|")
     for level in levels:
@@ -111,11 +118,14 @@ def main() -> None:
     parser.add_argument(
         "--latency-budget-ms", type=float, default=400.0, help="what each mix is planned with"
     )
+    parser.add_argument(
+        "--rate-limit", choices=["off", "execution_count"], default="off",
+        help="off: as plain tritonserver serves; execution_count: as `tidepool serve` does (default: off)",
+    )  # fmt: skip
     args = parser.parse_args()
+    levels = positive_ints(args.levels, "--levels")
     for mix in args.mixes.split(";"):
-        measure(
-            mix, positive_ints(args.levels, "--levels"), args.rounds, args.window_s, args.latency_budget_ms
-        )
+        measure(mix, levels, args.rounds, args.window_s, args.latency_budget_ms, args.rate_limit)
 
 
 if __name__ == "__main__":
